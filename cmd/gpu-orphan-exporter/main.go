@@ -1,0 +1,88 @@
+// Command gpu-orphan-exporter exports, per GPU, the memory that no live
+// process owns and the processes that hold it, for Prometheus.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/gpu-orphan/gpu-orphan/exporter"
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	app := kingpin.New("gpu-orphan-exporter", "Exports GPU memory that no live process owns (its creator is dead, yet forked children still hold it), and the processes that hold it.\n\nOn a machine without a GPU, run it on a simulated node: gpu-orphan-sim init --root DIR --gpus 2; gpu-orphan-exporter --backend=sim --sim.root=DIR")
+	webFlags := kingpinflag.AddFlags(app, ":9835")
+	telemetryPath := app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
+	interval := app.Flag("collector.interval", "How often to take a snapshot of NVML and /proc in the background; scrapes serve the latest one.").Default("5s").Duration()
+	orphanBytes := app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process.").Default("268435456").Uint64()
+	backend := cli.AddBackendFlags(app)
+	logConfig := &promslog.Config{}
+	promslogflag.AddFlags(app, logConfig)
+	app.Version(version.Print("gpu-orphan-exporter"))
+	app.HelpFlag.Short('h')
+	if _, err := app.Parse(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %v\n", err)
+		return 2
+	}
+	logger := promslog.New(logConfig)
+	if *interval <= 0 {
+		logger.Error("--collector.interval must be positive", "value", *interval)
+		return 2
+	}
+
+	taker, driver, err := backend.Open(logger)
+	if err != nil {
+		logger.Error("Cannot start", "err", err)
+		return 1
+	}
+	defer driver.Close()
+	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", driver.Name(), "interval", *interval)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	loop := snapshot.NewLoop(taker, *interval, *orphanBytes)
+	first := loop.Refresh(ctx, false)
+	cli.LogSnapshot(logger, first)
+	go loop.Run(ctx)
+	go cli.LogChanges(ctx, logger, loop)
+
+	handler, err := exporter.NewHandler(exporter.NewRegistry(loop, logger), *telemetryPath, logger)
+	if err != nil {
+		logger.Error("Cannot start", "err", err)
+		return 1
+	}
+	server := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- web.ListenAndServe(server, webFlags, logger) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("Serving failed", "err", err)
+			return 1
+		}
+	case <-ctx.Done():
+		logger.Info("Shutting down")
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		server.Shutdown(shutdownCtx)
+	}
+	return 0
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
+	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// gpuSet answers whether a UUID names one of this node's GPUs, from the
+// latest snapshot that listed any.
+type gpuSet struct{ loop *snapshot.Loop }
+
+func (g gpuSet) KnownGPU(uuid string) bool {
+	s := g.loop.Latest()
+	if s == nil {
+		return false
+	}
+	_, ok := s.GPUByID(uuid)
+	return ok && strings.Contains(uuid, "-")
+}
+
+func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Node, gpuSet, *limits.Limiter, error) {
+	taker, driver, err := f.backend.Open(logger)
+	if err != nil {
+		return nil, gpuSet{}, nil, err
+	}
+	go func() { <-ctx.Done(); driver.Close() }()
+	fs, err := proc.NewFS(*f.backend.ProcFS)
+	if err != nil {
+		return nil, gpuSet{}, nil, err
+	}
+	loop := snapshot.NewLoop(taker, *f.interval, *f.remediation.MinBytes)
+	loop.Refresh(ctx, false)
+	go loop.Run(ctx)
+
+	limiter := limits.New(f.limits, limits.RealClock{})
+	if open, reason, _, err := st.Breaker(ctx); err != nil {
+		return nil, gpuSet{}, nil, fmt.Errorf("reading the breaker's state: %w", err)
+	} else if open {
+		limiter.OpenBreaker(reason)
+		logger.Warn("Circuit breaker is open from before the restart: nothing acts until POST /api/v1/breaker/reset", "reason", reason)
+	}
+	m.BreakerOpen.Set(boolFloat(limiter.BreakerOpen()))
+	limiter.OnBreakerChange = func(open bool, reason string) {
+		m.BreakerOpen.Set(boolFloat(open))
+		if open {
+			logger.Error("Circuit breaker opened: no more cleanups until a human resets it", "reason", reason)
+		} else {
+			logger.Warn("Circuit breaker closed")
+		}
+		if err := st.SetBreaker(context.Background(), open, reason, timeNow()); err != nil {
+			logger.Error("Persisting the breaker's state failed", "err", err)
+		}
+	}
+
+	node := engine.NewNode(engine.NodeConfig{
+		Loop: loop, Proc: fs,
+		Decide:  f.remediation.DecideConfig(),
+		Ladder:  &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger},
+		Limiter: limiter, Act: *f.remediation.Act, VerifyTimeout: *f.remediation.VerifyTimeout,
+		Recorder: st, Metrics: m, Logger: logger,
+	})
+	if !*f.remediation.Act {
+		logger.Warn("Dry run: plans are recorded, nothing is signalled. Start with --act to clean up.")
+	}
+	return node, gpuSet{loop}, limiter, nil
+}
+
+func dispatcherRole(f *flags, m *remediate.Metrics, logger *slog.Logger) (*engine.Dispatcher, *limits.Fleet, error) {
+	var targets map[string]string
+	if *f.dispatch.targetsFile != "" {
+		t, err := engine.LoadTargets(*f.dispatch.targetsFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		targets = t
+	}
+	token := ""
+	if *f.dispatch.tokenFile != "" {
+		b, err := os.ReadFile(*f.dispatch.tokenFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading --dispatch.token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	fleet := limits.NewFleet(limits.FleetConfig{MaxNodes: *f.dispatch.maxNodes, MaxFraction: *f.dispatch.maxFraction, Window: *f.dispatch.window,
+		BreakerFailures: f.limits.BreakerFailures, BreakerWindow: f.limits.BreakerWindow}, limits.RealClock{})
+	d, err := engine.NewDispatcher(engine.DispatchConfig{
+		URLTemplate: *f.dispatch.urlTemplate, Targets: targets, Token: token,
+		Client: &http.Client{Timeout: *f.dispatch.timeout}, Fleet: fleet, NodeLabel: *f.nodeLabel,
+		Metrics: m, Logger: logger,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, fleet, nil
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func timeNow() time.Time { return time.Now() }

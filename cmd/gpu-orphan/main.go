@@ -1,0 +1,42 @@
+// Command gpu-orphan is the operator's command line: it shows which GPU
+// memory has no live owner and who holds it (replacing
+// `fuser -v /dev/nvidia*`), and cleans it up safely.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
+	"github.com/prometheus/common/version"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	app := kingpin.New("gpu-orphan", "Find GPU memory that no live process owns, and the processes that hold it.")
+	backend := cli.AddBackendFlags(app)
+	logConfig := &promslog.Config{}
+	promslogflag.AddFlags(app, logConfig)
+	app.Version(version.Print("gpu-orphan"))
+	app.HelpFlag.Short('h')
+
+	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
+	psOutput := ps.Flag("output", "Output format: table or json.").Short('o').Default("table").Enum("table", "json")
+
+	cmd, err := app.Parse(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
+		return 2
+	}
+	logger := promslog.New(logConfig)
+	switch cmd {
+	case ps.FullCommand():
+		return runPS(logger, backend, *psOutput)
+	}
+	return 2
+}

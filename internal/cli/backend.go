@@ -1,0 +1,85 @@
+// Package cli holds the flags and wiring that every gpu-orphan binary
+// shares, so that --backend, --sim.root and --path.procfs mean the same
+// thing everywhere.
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/sim"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+)
+
+// flagger is what both *kingpin.Application and *kingpin.CmdClause offer.
+type flagger interface {
+	Flag(name, help string) *kingpin.FlagClause
+}
+
+// Backend is the set of flags that choose where GPU facts come from.
+type Backend struct {
+	Kind          *string
+	SimRoot       *string
+	ProcFS        *string
+	DriverTimeout *time.Duration
+	ScanBytes     *uint64
+}
+
+// AddBackendFlags registers --backend, --sim.root, --path.procfs and the
+// snapshot tuning flags.
+func AddBackendFlags(a flagger) *Backend {
+	return &Backend{
+		Kind: a.Flag("backend", "Where GPU facts come from: nvml (the real driver) or sim (a simulated node, for machines without a GPU; see --sim.root).").
+			Default("nvml").Enum("nvml", "sim"),
+		SimRoot: a.Flag("sim.root", "Directory of the simulated node (made by `gpu-orphan-sim init`); used with --backend=sim.").
+			Default("").String(),
+		ProcFS: a.Flag("path.procfs", "procfs mountpoint. It must show the host's PID namespace, where NVML's PIDs live.").
+			Default("/proc").String(),
+		DriverTimeout: a.Flag("nvml.timeout", "Deadline for one read of every GPU through the driver; a hung call fails that read.").
+			Default("5s").Duration(),
+		ScanBytes: a.Flag("scan.unowned-bytes", "Scan /proc/*/fd for holders of a GPU when its memory with no live owner exceeds this many bytes, even if NVML lists no dead PID.").
+			Default("268435456").Uint64(),
+	}
+}
+
+// Open loads the driver and /proc and returns a Taker over them.
+func (b *Backend) Open(logger *slog.Logger) (*snapshot.Taker, gpu.Driver, error) {
+	var driver gpu.Driver
+	switch *b.Kind {
+	case "sim":
+		if *b.SimRoot == "" {
+			return nil, nil, fmt.Errorf("--backend=sim needs --sim.root=DIR (create one with `gpu-orphan-sim init --root DIR --gpus N`)")
+		}
+		d, err := sim.NewDriver(*b.SimRoot)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening the simulated node at %s: %w", *b.SimRoot, err)
+		}
+		driver = d
+	default:
+		d, err := gpu.OpenNVML(logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		driver = d
+	}
+	fs, err := proc.NewFS(*b.ProcFS)
+	if err != nil {
+		driver.Close()
+		return nil, nil, fmt.Errorf("opening procfs at %s: %w", *b.ProcFS, err)
+	}
+	taker := snapshot.NewTaker(snapshot.Config{
+		Driver:           driver,
+		Proc:             fs,
+		DriverTimeout:    *b.DriverTimeout,
+		ScanUnownedBytes: *b.ScanBytes,
+		ExcludePIDs:      []int{os.Getpid()},
+		Logger:           logger,
+	})
+	return taker, driver, nil
+}

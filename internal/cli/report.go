@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+)
+
+// Report is the JSON view of a snapshot that `gpu-orphan ps -o json`
+// prints; its field names are for scripts, so keep them stable.
+type Report struct {
+	Taken           time.Time      `json:"taken"`
+	Driver          string         `json:"driver"`
+	HostPIDsVisible bool           `json:"host_pids_visible"`
+	Sources         []ReportSource `json:"sources"`
+	GPUs            []ReportGPU    `json:"gpus"`
+}
+
+// ReportSource is one input's health.
+type ReportSource struct {
+	Name            string  `json:"name"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	Error           string  `json:"error,omitempty"`
+}
+
+// ReportGPU is one GPU's account.
+type ReportGPU struct {
+	Index             int            `json:"index"`
+	UUID              string         `json:"uuid"`
+	Name              string         `json:"name"`
+	MIGInstance       string         `json:"mig_instance,omitempty"`
+	DevicePath        string         `json:"device_path"`
+	Error             string         `json:"error,omitempty"`
+	Unsupported       string         `json:"unsupported,omitempty"`
+	TotalBytes        uint64         `json:"total_bytes"`
+	ReservedBytes     uint64         `json:"reserved_bytes"`
+	UsedBytes         uint64         `json:"used_bytes"`
+	FreeBytes         uint64         `json:"free_bytes"`
+	OwnedLiveBytes    uint64         `json:"owned_live_bytes"`
+	OwnedDeadBytes    uint64         `json:"owned_dead_bytes"`
+	UnattributedBytes uint64         `json:"unattributed_bytes"`
+	UnownedBytes      uint64         `json:"unowned_bytes"`
+	Owners            []ReportOwner  `json:"owners"`
+	HolderPIDs        []int          `json:"holder_pids"`
+	Suspects          []ReportHolder `json:"suspects"`
+}
+
+// ReportOwner is one PID that NVML lists.
+type ReportOwner struct {
+	PID       uint32 `json:"pid"`
+	UsedBytes uint64 `json:"used_bytes"`
+	Alive     bool   `json:"alive"`
+}
+
+// ReportHolder is one suspect holder.
+type ReportHolder struct {
+	PID       int    `json:"pid"`
+	PPID      int    `json:"ppid"`
+	PGID      int    `json:"pgid"`
+	SID       int    `json:"sid"`
+	StartTime uint64 `json:"start_time"`
+	User      string `json:"user"`
+	Comm      string `json:"comm"`
+	Command   string `json:"command"`
+	Cgroup    string `json:"cgroup,omitempty"`
+	Container string `json:"container,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Reason    string `json:"reason"`
+	Listed    bool   `json:"listed_by_nvml"`
+}
+
+// NewReport builds the JSON view of s.
+func NewReport(s *snapshot.Snapshot, devicePath func(minor int) string) Report {
+	r := Report{Taken: s.Taken, Driver: s.Driver, HostPIDsVisible: s.HostPIDsVisible, Sources: []ReportSource{}, GPUs: []ReportGPU{}}
+	for _, src := range s.Sources {
+		rs := ReportSource{Name: src.Name, DurationSeconds: src.Duration.Seconds()}
+		if src.Err != nil {
+			rs.Error = src.Err.Error()
+		}
+		r.Sources = append(r.Sources, rs)
+	}
+	for _, g := range s.GPUs {
+		rg := ReportGPU{
+			Index: g.Device.Index, UUID: g.Device.UUID, Name: g.Device.Name, MIGInstance: g.Device.MIGInstance,
+			DevicePath: devicePath(g.Device.Minor), Unsupported: g.Unsupported,
+			TotalBytes: g.Memory.Total, ReservedBytes: g.Memory.Reserved, UsedBytes: g.Memory.Used, FreeBytes: g.Memory.Free,
+			OwnedLiveBytes: g.OwnedLiveBytes, OwnedDeadBytes: g.OwnedDeadBytes, UnattributedBytes: g.UnattributedBytes, UnownedBytes: g.UnownedBytes,
+			Owners: []ReportOwner{}, HolderPIDs: g.HolderPIDs, Suspects: []ReportHolder{},
+		}
+		if g.Err != nil {
+			rg.Error = g.Err.Error()
+		}
+		if rg.HolderPIDs == nil {
+			rg.HolderPIDs = []int{}
+		}
+		for _, o := range g.Owners {
+			rg.Owners = append(rg.Owners, ReportOwner{PID: o.PID, UsedBytes: o.UsedBytes, Alive: o.Alive})
+		}
+		for _, h := range g.Suspects {
+			rg.Suspects = append(rg.Suspects, NewReportHolder(h.Process, h.Reason, h.Listed))
+		}
+		r.GPUs = append(r.GPUs, rg)
+	}
+	return r
+}
+
+// NewReportHolder is the JSON view of one process.
+func NewReportHolder(p proc.Process, reason string, listed bool) ReportHolder {
+	return ReportHolder{
+		PID: p.PID, PPID: p.PPID, PGID: p.PGID, SID: p.SID, StartTime: p.StartTime,
+		User: p.User, Comm: p.Comm, Command: p.Cmdline, Cgroup: p.Cgroup, Container: p.Container, Pod: p.Pod,
+		Reason: reason, Listed: listed,
+	}
+}

@@ -1,0 +1,284 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+)
+
+var (
+	binDir   string
+	binOnce  sync.Once
+	binPath  string
+	binError error
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	binDir, err = os.MkdirTemp("", "gpu-orphan-sim-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Workloads' children are orphaned when a test kills their parent; as
+	// subreaper this process inherits them, so it can reap them and tests
+	// can watch them vanish from /proc.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)
+	}
+	code := m.Run()
+	os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+// simBinary builds cmd/gpu-orphan-sim once, on first use, so that tests
+// without processes (and fuzz workers) do not pay for it.
+func simBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			binError = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		gomod := strings.TrimSpace(string(out))
+		if gomod == "" || gomod == os.DevNull {
+			binError = errors.New("not inside a module")
+			return
+		}
+		binPath = filepath.Join(binDir, "gpu-orphan-sim")
+		build := exec.Command("go", "build", "-o", binPath, "./cmd/gpu-orphan-sim")
+		build.Dir = filepath.Dir(gomod)
+		if out, err := build.CombinedOutput(); err != nil {
+			binError = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if binError != nil {
+		t.Fatal(binError)
+	}
+	return binPath
+}
+
+func newNode(t *testing.T, gpus int) string {
+	t.Helper()
+	root := t.TempDir()
+	if err := Init(root, gpus); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// proc is one `gpu-orphan-sim run`, started as a shell starts a job: in a
+// process group of its own, which its children share.
+type proc struct {
+	cmd      *exec.Cmd
+	pid      int
+	children []int
+	stderr   string
+	waited   bool
+}
+
+func startRun(t *testing.T, root string, args ...string) *proc {
+	t.Helper()
+	p, err := tryRun(t, root, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func tryRun(t *testing.T, root string, args ...string) (*proc, error) {
+	t.Helper()
+	p := &proc{stderr: filepath.Join(t.TempDir(), "stderr")}
+	// A file, not a buffer: with a buffer, Wait would also wait for every
+	// process that inherited the pipe.
+	errFile, err := os.Create(p.stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errFile.Close()
+	p.cmd = exec.Command(simBinary(t), append([]string{"run", "--root", root}, args...)...)
+	p.cmd.Stderr = errFile
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.pid = p.cmd.Process.Pid
+	t.Cleanup(p.cleanup)
+
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		lines <- line
+	}()
+	var line string
+	select {
+	case line = <-lines:
+	case <-time.After(10 * time.Second):
+		return nil, fmt.Errorf("no ready line after 10s; stderr: %s", p.readStderr())
+	}
+	if line == "" {
+		p.wait()
+		return nil, fmt.Errorf("run exited (%v) without ready line; stderr: %s", p.cmd.ProcessState, p.readStderr())
+	}
+	f := strings.Fields(line)
+	if len(f) < 2 || f[0] != "ready" || f[1] != strconv.Itoa(p.pid) {
+		return nil, fmt.Errorf("ready line %q, want \"ready %d ...\"", line, p.pid)
+	}
+	for _, s := range f[2:] {
+		pid, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("ready line %q: %w", line, err)
+		}
+		p.children = append(p.children, pid)
+	}
+	return p, nil
+}
+
+func (p *proc) readStderr() string {
+	b, _ := os.ReadFile(p.stderr)
+	return string(b)
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(p.pid, sig); err != nil {
+		t.Fatalf("kill %d: %v", p.pid, err)
+	}
+}
+
+// wait reaps the run process itself.
+func (p *proc) wait() {
+	if !p.waited {
+		p.cmd.Wait()
+		p.waited = true
+	}
+}
+
+// cleanup kills the whole job and reaps what this process inherited.
+func (p *proc) cleanup() {
+	syscall.Kill(-p.pid, syscall.SIGKILL)
+	p.wait()
+	for _, c := range p.children {
+		syscall.Kill(c, syscall.SIGKILL)
+		reap(c)
+	}
+}
+
+// reap waits for an orphan this process inherited as subreaper; it is a
+// no-op for a process that is not our child (anymore).
+func reap(pid int) {
+	for {
+		_, err := unix.Wait4(pid, nil, 0, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// eventually polls f until it succeeds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, within, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func newDriver(t *testing.T, root string) *Driver {
+	t.Helper()
+	d, err := NewDriver(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func readGPU(t *testing.T, d *Driver, index int) gpu.Reading {
+	t.Helper()
+	rs, err := d.Read(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if index >= len(rs) {
+		t.Fatalf("read %d GPUs, want GPU %d", len(rs), index)
+	}
+	if rs[index].Err != nil {
+		t.Fatalf("GPU %d: %v", index, rs[index].Err)
+	}
+	return rs[index]
+}
+
+// wantGPU checks GPU index's used memory and process list.
+func wantGPU(d *Driver, index int, usedMiB uint64, procs ...gpu.Process) error {
+	rs, err := d.Read(context.Background())
+	if err != nil {
+		return err
+	}
+	r := rs[index]
+	if r.Err != nil {
+		return r.Err
+	}
+	if r.Memory.Used != usedMiB*gpu.MiB {
+		return fmt.Errorf("used %d MiB, want %d MiB (processes %v)", r.Memory.Used/gpu.MiB, usedMiB, r.Processes)
+	}
+	if fmt.Sprint(r.Processes) != fmt.Sprint(procs) && !(len(r.Processes) == 0 && len(procs) == 0) {
+		return fmt.Errorf("processes %v, want %v", r.Processes, procs)
+	}
+	return nil
+}
+
+// holders lists which of pids hold path open, as the /proc scanner sees it.
+func holders(path string, pids ...int) []int {
+	var out []int
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == path {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// gone reports whether pid no longer exists (not even as a zombie).
+func gone(pid int) error {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		return fmt.Errorf("/proc/%d exists", pid)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+)
+
+// WorkloadConfig describes a simulated CUDA process.
+type WorkloadConfig struct {
+	Root string
+	GPU  int
+	// MiB is what the workload allocates on the GPU.
+	MiB uint64
+	// Children is how many forked workers (like PyTorch DataLoader workers)
+	// inherit the device and context descriptors.
+	Children int
+	// IgnoreSIGTERM makes the children ignore SIGTERM, as workers that
+	// block it do; only SIGKILL ends them then.
+	IgnoreSIGTERM bool
+	// Logger receives the children's exits; nil discards them.
+	Logger *slog.Logger
+}
+
+// MaxChildren bounds WorkloadConfig.Children.
+const MaxChildren = 64
+
+// ChildCommand is the hidden subcommand of gpu-orphan-sim that runs
+// RunChild. StartWorkload re-executes its own binary with it, so only a
+// binary that dispatches it to RunChild can call StartWorkload.
+const ChildCommand = "child"
+
+// IgnoreSIGTERMFlag is the child subcommand's flag for IgnoreSIGTERM.
+const IgnoreSIGTERMFlag = "--ignore-sigterm"
+
+// The descriptors a child inherits, after stdin, stdout and stderr.
+const (
+	childDevFD = 3 + iota
+	childContextFD
+	childReadyFD
+)
+
+// childReadyTimeout bounds how long StartWorkload waits for a child to say
+// it has set up its signals.
+const childReadyTimeout = 10 * time.Second
+
+// ErrOutOfMemory is returned when the GPU cannot fit the allocation.
+var ErrOutOfMemory = errors.New("CUDA out of memory")
+
+// Workload is a running simulated CUDA process: this process, holding the
+// device node and a context, and its children, which inherited both.
+type Workload struct {
+	PID       int
+	ChildPIDs []int
+	Context   Context
+
+	dev, ctx *os.File
+}
+
+// StartWorkload creates a context of cfg.MiB on cfg.GPU in this process and
+// starts cfg.Children children that inherit its descriptors. Go cannot
+// fork, so the children are this binary re-executed with ChildCommand; they
+// stay in this process group and session, as forked workers do.
+func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Children < 0 || cfg.Children > MaxChildren {
+		return nil, fmt.Errorf("sim: %d children out of range 0..%d", cfg.Children, MaxChildren)
+	}
+	n, err := Load(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	g, err := n.GPU(cfg.GPU)
+	if err != nil {
+		return nil, err
+	}
+	if g.MIG {
+		return nil, fmt.Errorf("sim: GPU %d is in MIG mode, which the simulator does not model", g.Index)
+	}
+	st, err := readProcStat(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("sim: reading own start time: %w", err)
+	}
+	w := &Workload{PID: os.Getpid()}
+	w.dev, err = os.OpenFile(n.DevicePath(g.Minor), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sim: opening device node: %w", err)
+	}
+	w.Context = Context{GPU: g.Index, PID: w.PID, StartTime: st.StartTime, UsedBytes: cfg.MiB * gpu.MiB}
+	w.ctx, err = allocate(n, g, cfg.MiB, &w.Context)
+	if err != nil {
+		w.dev.Close()
+		return nil, err
+	}
+	for range cfg.Children {
+		cmd, err := startChild(w.dev, w.ctx, cfg.IgnoreSIGTERM)
+		if err != nil {
+			w.kill()
+			return nil, err
+		}
+		pid := cmd.Process.Pid
+		w.ChildPIDs = append(w.ChildPIDs, pid)
+		// Reap children while we live; once we die, they are orphans.
+		go func() {
+			err := cmd.Wait()
+			logger.Info("child exited", "pid", pid, "err", err)
+		}()
+	}
+	return w, nil
+}
+
+// allocate checks the GPU's free memory and creates the context under the
+// node's allocation lock, so that two workloads cannot both take the last
+// free bytes.
+func allocate(n *Node, g GPU, mib uint64, c *Context) (*os.File, error) {
+	lock, err := os.OpenFile(filepath.Join(n.Root, contextsDir, "."+allocLock), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	defer lock.Close() // releases the lock
+	if err := flock(lock, unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("sim: taking the allocation lock: %w", err)
+	}
+	ctxs, err := listContexts(n)
+	if err != nil {
+		return nil, err
+	}
+	m := reading(g, ctxs).Memory
+	if mib > g.TotalBytes/gpu.MiB || m.Free < mib*gpu.MiB+ContextOverheadBytes {
+		return nil, fmt.Errorf("sim: %w: tried to allocate %d MiB on GPU %d (%d MiB total, %d MiB reserved, %d MiB in use, %d MiB free)",
+			ErrOutOfMemory, mib, g.Index, m.Total/gpu.MiB, m.Reserved/gpu.MiB, m.Used/gpu.MiB, m.Free/gpu.MiB)
+	}
+	return createContext(n, c)
+}
+
+// startChild starts one child and waits until it has set up its signals,
+// so that a SIGTERM sent right after StartWorkload returns finds them set.
+func startChild(dev, ctx *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
+	r, wr, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	defer r.Close()
+	args := []string{os.Args[0], ChildCommand}
+	if ignoreSIGTERM {
+		args = append(args, IgnoreSIGTERMFlag)
+	}
+	// /proc/self/exe works even when the binary was replaced on disk.
+	// Stdio goes to /dev/null: a child holding its parent's output pipes
+	// would keep whoever reads them waiting long after the parent died.
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       args,
+		ExtraFiles: []*os.File{dev, ctx, wr}, // childDevFD, childContextFD, childReadyFD
+	}
+	err = cmd.Start()
+	wr.Close()
+	if err != nil {
+		return nil, fmt.Errorf("sim: starting child: %w", err)
+	}
+	r.SetReadDeadline(time.Now().Add(childReadyTimeout))
+	msg, err := io.ReadAll(r)
+	if err == nil && strings.TrimSpace(string(msg)) != "ok" {
+		err = fmt.Errorf("child said %q", msg)
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("sim: child %d did not start: %w", cmd.Process.Pid, err)
+	}
+	return cmd, nil
+}
+
+// kill undoes a half-started workload.
+func (w *Workload) kill() {
+	for _, pid := range w.ChildPIDs {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	w.Close()
+}
+
+// ReadyLine is what `gpu-orphan-sim run` prints once the workload is up:
+// "ready PID CHILD1 CHILD2 ...".
+func (w *Workload) ReadyLine() string {
+	var b strings.Builder
+	b.WriteString("ready ")
+	b.WriteString(strconv.Itoa(w.PID))
+	for _, pid := range w.ChildPIDs {
+		b.WriteByte(' ')
+		b.WriteString(strconv.Itoa(pid))
+	}
+	return b.String()
+}
+
+// Hold keeps the workload's descriptors open until ctx ends, then closes
+// them. With context.Background it holds until the process is killed.
+func (w *Workload) Hold(ctx context.Context) error {
+	// A pending timer keeps the runtime from calling it a deadlock once
+	// every child has been reaped.
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return w.Close()
+		case <-t.C:
+		}
+	}
+}
+
+// Close closes this process's descriptors. The context lives on while the
+// children hold theirs.
+func (w *Workload) Close() error {
+	return errors.Join(w.ctx.Close(), w.dev.Close())
+}
+
+// RunChild is the body of a child: it checks the inherited descriptors,
+// tells the parent it is ready, and sleeps holding them until killed.
+func RunChild(ignoreSIGTERM bool) error {
+	if ignoreSIGTERM {
+		signal.Ignore(syscall.SIGTERM)
+	}
+	var st unix.Stat_t
+	for _, fd := range []int{childDevFD, childContextFD, childReadyFD} {
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("sim: child: inherited descriptor %d: %w (run only by gpu-orphan-sim run)", fd, err)
+		}
+	}
+	// Raw descriptors, never wrapped in *os.File, whose finalizer would
+	// close them when garbage collected.
+	if _, err := unix.Write(childReadyFD, []byte("ok\n")); err != nil {
+		return fmt.Errorf("sim: child: %w", err)
+	}
+	unix.Close(childReadyFD)
+	for {
+		time.Sleep(time.Hour)
+	}
+}

@@ -1,0 +1,103 @@
+package snapshot
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Loop takes a snapshot on an interval in the background, so that readers
+// (scrapes, decisions) get the latest one without waiting on NVML or /proc.
+// It also keeps how long each GPU has had memory with no live owner.
+type Loop struct {
+	taker    *Taker
+	interval time.Duration
+	// orphanBytes is the threshold above which memory with no live owner
+	// starts the age clock; it allows for the ~8 MiB per context that NVML
+	// charges to no process.
+	orphanBytes uint64
+
+	mu     sync.RWMutex
+	latest *Snapshot
+	since  map[string]time.Time // GPU UUID -> start of the current run
+	ticked chan struct{}
+}
+
+// NewLoop returns a Loop; call Run to start it.
+func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
+	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, ticked: make(chan struct{})}
+}
+
+// Run takes snapshots until ctx ends.
+func (l *Loop) Run(ctx context.Context) {
+	tick := time.NewTicker(l.interval)
+	defer tick.Stop()
+	for {
+		l.Refresh(ctx, false)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Refresh takes one snapshot now, records it as the latest and returns it.
+func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
+	s := l.taker.Take(ctx, forceScan)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.age(s)
+	l.latest = s
+	close(l.ticked)
+	l.ticked = make(chan struct{})
+	return s
+}
+
+// age carries the start of each GPU's orphan run from one snapshot to the
+// next. A GPU that cannot be accounted keeps its clock: a failed read is not
+// evidence that the memory came back.
+func (l *Loop) age(s *Snapshot) {
+	if len(s.GPUs) == 0 {
+		return
+	}
+	seen := map[string]bool{}
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		uuid := g.Device.UUID
+		seen[uuid] = true
+		if !g.Accountable() {
+			continue
+		}
+		if g.UnownedBytes <= l.orphanBytes {
+			delete(l.since, uuid)
+			continue
+		}
+		if _, ok := l.since[uuid]; !ok {
+			l.since[uuid] = s.Taken
+		}
+		g.UnownedSince = l.since[uuid]
+	}
+	for uuid := range l.since {
+		if !seen[uuid] {
+			delete(l.since, uuid)
+		}
+	}
+}
+
+// Latest returns the most recent snapshot, or nil before the first.
+func (l *Loop) Latest() *Snapshot {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.latest
+}
+
+// Next returns a channel closed when the next snapshot is recorded.
+func (l *Loop) Next() <-chan struct{} {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.ticked
+}
+
+// OrphanBytes is the threshold that starts a GPU's age clock.
+func (l *Loop) OrphanBytes() uint64 { return l.orphanBytes }

@@ -1,0 +1,397 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+)
+
+const mib = gpu.MiB
+
+// testDriver is the real NVML driver over go-nvml's 8× H200 mock, with the
+// device nodes moved into a temp dir (so real test processes can hold
+// them) and, optionally, a foreign PID namespace.
+type testDriver struct {
+	*gpu.NVMLDriver
+	devDir string
+	pidNS  string
+}
+
+func (d testDriver) DevicePath(minor int) string {
+	return filepath.Join(d.devDir, "nvidia"+strconv.Itoa(minor))
+}
+
+func (d testDriver) PIDNamespace() string {
+	if d.pidNS != "" {
+		return d.pidNS
+	}
+	return d.NVMLDriver.PIDNamespace()
+}
+
+// gpu0 is what NVML reports for GPU 0; the other seven GPUs are idle.
+type gpu0 struct {
+	usedMiB uint64
+	procs   []nvml.ProcessInfo
+	memRet  nvml.Return
+	migOn   bool
+}
+
+func newDriver(t *testing.T, g gpu0) testDriver {
+	t.Helper()
+	s := dgxh200.New()
+	for i, nd := range s.Devices {
+		d := nd.(*server.Device)
+		used, procs, ret := uint64(0), []nvml.ProcessInfo(nil), nvml.SUCCESS
+		if i == 0 {
+			used, procs, ret = g.usedMiB, g.procs, g.memRet
+			if g.migOn {
+				d.MigMode = nvml.DEVICE_MIG_ENABLE
+				d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+			}
+		}
+		d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+			return nvml.Memory_v2{Total: 143771 * mib, Reserved: 615 * mib, Used: used * mib, Free: (143771 - 615 - used) * mib}, ret
+		}
+		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS }
+		d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+		d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	}
+	dir := t.TempDir()
+	for i := range 8 {
+		if err := os.WriteFile(filepath.Join(dir, "nvidia"+strconv.Itoa(i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return testDriver{NVMLDriver: gpu.NewNVMLDriver(s, nil), devDir: dir}
+}
+
+func listed(pid int, usedMiB uint64) nvml.ProcessInfo {
+	return nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: usedMiB * mib}
+}
+
+// holder starts a real process that holds path open (as an inherited
+// descriptor) and, with setsid, leads its own session.
+func holder(t *testing.T, path string, setsid bool) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "300")
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.ExtraFiles = []*os.File{f}
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+// deadPID returns the PID of a process that has exited and been reaped.
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+// zombiePID returns the PID of a child that has exited but is not reaped.
+func zombiePID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Wait() })
+	fs := procFS(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if p, err := fs.Process(cmd.Process.Pid); err == nil && p.Zombie() {
+			return cmd.Process.Pid
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("child never became a zombie")
+	return 0
+}
+
+// orphanedPID returns a live process whose session leader has died and
+// which was reparented out of its session, as FACTS.md's "spawn child S
+// with its own context, then SIGKILL of parent" row.
+func orphanedPID(t *testing.T, path string) int {
+	t.Helper()
+	// sleep must not keep the stdout pipe, or Output waits for it.
+	script := "sleep 300 >/dev/null 2>&1 & echo $!"
+	if path != "" {
+		script = "sleep 300 >/dev/null 2>&1 3<" + path + " & echo $!"
+	}
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
+}
+
+func procFS(t *testing.T) proc.FS {
+	t.Helper()
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func take(t *testing.T, d gpu.Driver) *Snapshot {
+	t.Helper()
+	taker := NewTaker(Config{Driver: d, Proc: procFS(t), ScanUnownedBytes: 256 * mib, ExcludePIDs: []int{os.Getpid()}})
+	return taker.Take(context.Background(), false)
+}
+
+func suspectReasons(g GPU) map[int]string {
+	m := map[int]string{}
+	for _, h := range g.Suspects {
+		m[h.PID] = h.Reason
+	}
+	return m
+}
+
+// TestAccountingFacts walks every row of FACTS.md's table as NVML reports
+// it, with real live, dead and orphaned processes behind the PIDs.
+func TestAccountingFacts(t *testing.T) {
+	type want struct {
+		live, dead, unattributed, unowned uint64 // MiB
+		scanned                           bool
+		suspects                          map[int]string
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, devPath string) (gpu0, want)
+	}{
+		{"idle", func(t *testing.T, _ string) (gpu0, want) {
+			return gpu0{}, want{suspects: map[int]string{}}
+		}},
+		{"one process that allocated 4096", func(t *testing.T, dev string) (gpu0, want) {
+			a := holder(t, dev, false).Process.Pid
+			return gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(a, 4706)}},
+				want{live: 4706, unattributed: 8, unowned: 8, suspects: map[int]string{}}
+		}},
+		{"after SIGKILL of that process", func(t *testing.T, _ string) (gpu0, want) {
+			return gpu0{usedMiB: 0}, want{suspects: map[int]string{}}
+		}},
+		{"fork after CUDA init, both alive", func(t *testing.T, dev string) (gpu0, want) {
+			p := holder(t, dev, true)
+			holder(t, dev, false)
+			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p.Process.Pid, 6754)}},
+				want{live: 6754, unattributed: 8, unowned: 8, suspects: map[int]string{}}
+		}},
+		{"fork, after SIGKILL of the creator: dead PID listed, child holds", func(t *testing.T, dev string) (gpu0, want) {
+			p := deadPID(t)
+			c := holder(t, dev, false).Process.Pid
+			bystander := holder(t, "", false).Process.Pid // holds nothing: never a suspect
+			_ = bystander
+			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+		}},
+		{"a zombie creator counts as dead", func(t *testing.T, dev string) (gpu0, want) {
+			z := zombiePID(t)
+			c := holder(t, dev, false).Process.Pid
+			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(z, 6754)}},
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+		}},
+		{"spawned child with its own context, parent killed: orphaned", func(t *testing.T, dev string) (gpu0, want) {
+			s := orphanedPID(t, dev)
+			return gpu0{usedMiB: 2666, procs: []nvml.ProcessInfo{listed(s, 2658)}},
+				want{live: 2658, unattributed: 8, unowned: 8, scanned: true, suspects: map[int]string{s: ReasonOrphaned}}
+		}},
+		{"trainer with 4 forked workers, trainer killed", func(t *testing.T, dev string) (gpu0, want) {
+			trainer := deadPID(t)
+			sus := map[int]string{}
+			for range 4 {
+				sus[holder(t, dev, false).Process.Pid] = ReasonInheritedFromDeadOwner
+			}
+			return gpu0{usedMiB: 5740, procs: []nvml.ProcessInfo{listed(trainer, 5732)}},
+				want{dead: 5732, unattributed: 8, unowned: 5740, scanned: true, suspects: sus}
+		}},
+		{"live owner and dead owner on one GPU: the live one is no suspect", func(t *testing.T, dev string) (gpu0, want) {
+			live := holder(t, dev, true).Process.Pid
+			dead := deadPID(t)
+			c := holder(t, dev, false).Process.Pid
+			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live, 4000), listed(dead, 2340)}},
+				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDriver(t, gpu0{})
+			g0, w := tt.setup(t, d.DevicePath(0))
+			d = withGPU0(t, d, g0)
+			s := take(t, d)
+			if !s.Healthy() {
+				t.Fatalf("unhealthy snapshot: %+v", s.Sources)
+			}
+			if len(s.GPUs) != 8 {
+				t.Fatalf("got %d GPUs, want 8", len(s.GPUs))
+			}
+			g := s.GPUs[0]
+			got := want{g.OwnedLiveBytes / mib, g.OwnedDeadBytes / mib, g.UnattributedBytes / mib, g.UnownedBytes / mib, g.Scanned, suspectReasons(g)}
+			if got.live != w.live || got.dead != w.dead || got.unattributed != w.unattributed || got.unowned != w.unowned || got.scanned != w.scanned {
+				t.Errorf("accounting = %+v, want %+v", got, w)
+			}
+			if len(got.suspects) != len(w.suspects) {
+				t.Errorf("suspects = %v, want %v", got.suspects, w.suspects)
+			}
+			for pid, reason := range w.suspects {
+				if got.suspects[pid] != reason {
+					t.Errorf("suspect %d reason = %q, want %q (all: %v)", pid, got.suspects[pid], reason, got.suspects)
+				}
+			}
+			for _, other := range s.GPUs[1:] {
+				if other.UnownedBytes != 0 || other.Scanned {
+					t.Errorf("idle GPU %d: unowned %d, scanned %v", other.Device.Index, other.UnownedBytes, other.Scanned)
+				}
+			}
+		})
+	}
+}
+
+// withGPU0 rebuilds the driver's mock with GPU 0 reporting g, keeping the
+// device directory that the test processes already hold.
+func withGPU0(t *testing.T, d testDriver, g gpu0) testDriver {
+	nd := newDriver(t, g)
+	nd.devDir = d.devDir
+	return nd
+}
+
+func TestAccountingWithholds(t *testing.T) {
+	dead := deadPID(t)
+	fork := gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(dead, 6754)}}
+
+	t.Run("foreign PID namespace: nothing is called orphaned", func(t *testing.T) {
+		d := newDriver(t, fork)
+		d.pidNS = "pid:[4026531999]"
+		s := take(t, d)
+		g := s.GPUs[0]
+		if s.HostPIDsVisible || g.Unsupported != UnsupportedForeignPIDNamespace || g.Accountable() {
+			t.Fatalf("visible=%v unsupported=%q", s.HostPIDsVisible, g.Unsupported)
+		}
+		if g.UnownedBytes != 0 || g.OwnedDeadBytes != 0 || g.Scanned {
+			t.Errorf("a foreign namespace must not produce orphan numbers: %+v", g)
+		}
+	})
+	t.Run("MIG without per-instance support is withheld", func(t *testing.T) {
+		g := fork
+		g.migOn = true
+		s := take(t, newDriver(t, g))
+		if s.GPUs[0].Unsupported != "mig" || s.GPUs[0].UnownedBytes != 0 {
+			t.Fatalf("GPU 0 = %+v", s.GPUs[0])
+		}
+		if !s.GPUs[1].Accountable() {
+			t.Errorf("GPU 1 must still count")
+		}
+	})
+	t.Run("an NVML error on one GPU fails only that GPU", func(t *testing.T) {
+		g := fork
+		g.memRet = nvml.ERROR_GPU_IS_LOST
+		s := take(t, newDriver(t, g))
+		if s.GPUs[0].Err == nil || s.GPUs[0].Accountable() {
+			t.Fatalf("GPU 0 = %+v", s.GPUs[0])
+		}
+		if !s.GPUs[3].Accountable() {
+			t.Errorf("GPU 3 must still count")
+		}
+	})
+}
+
+// hungDriver never answers until released, like an NVML call stuck in
+// the kernel.
+type hungDriver struct {
+	gpu.Driver
+	release chan struct{}
+}
+
+func (h hungDriver) Read(ctx context.Context) ([]gpu.Reading, error) {
+	<-h.release
+	return nil, errors.New("released")
+}
+
+func TestTakeDriverDeadline(t *testing.T) {
+	h := hungDriver{Driver: newDriver(t, gpu0{}), release: make(chan struct{})}
+	defer close(h.release)
+	taker := NewTaker(Config{Driver: h, Proc: procFS(t), DriverTimeout: 50 * time.Millisecond})
+	s := taker.Take(context.Background(), false)
+	if s.Healthy() || !errors.Is(s.Sources[0].Err, context.DeadlineExceeded) {
+		t.Fatalf("want a deadline error, got %+v", s.Sources)
+	}
+	// While the first call is stuck, later calls fail fast instead of piling up.
+	s = taker.Take(context.Background(), false)
+	if !errors.Is(s.Sources[0].Err, ErrDriverHung) {
+		t.Fatalf("want ErrDriverHung, got %+v", s.Sources)
+	}
+	if len(s.GPUs) != 0 {
+		t.Errorf("a failed read must report no GPUs")
+	}
+}
+
+func TestLoopAge(t *testing.T) {
+	dead := deadPID(t)
+	d := newDriver(t, gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(dead, 6754)}})
+	loop := NewLoop(NewTaker(Config{Driver: d, Proc: procFS(t)}), time.Hour, 256*mib)
+	first := loop.Refresh(context.Background(), false)
+	since := first.GPUs[0].UnownedSince
+	if since.IsZero() || !first.GPUs[1].UnownedSince.IsZero() {
+		t.Fatalf("GPU 0 since=%v, GPU 1 since=%v", since, first.GPUs[1].UnownedSince)
+	}
+	second := loop.Refresh(context.Background(), false)
+	if !second.GPUs[0].UnownedSince.Equal(since) {
+		t.Errorf("the age clock restarted: %v then %v", since, second.GPUs[0].UnownedSince)
+	}
+	if loop.Latest() != second {
+		t.Errorf("Latest is not the newest snapshot")
+	}
+	// Memory back: the clock stops.
+	loop.taker = NewTaker(Config{Driver: newDriver(t, gpu0{}), Proc: procFS(t)})
+	third := loop.Refresh(context.Background(), false)
+	if !third.GPUs[0].UnownedSince.IsZero() {
+		t.Errorf("clock still running after the memory came back")
+	}
+}
+
+func TestGPUByID(t *testing.T) {
+	s := take(t, newDriver(t, gpu0{}))
+	g, ok := s.GPUByID("3")
+	if !ok || g.Device.Index != 3 {
+		t.Fatalf("by index: %v %+v", ok, g.Device)
+	}
+	if g2, ok := s.GPUByID(g.Device.UUID); !ok || g2.Device.Index != 3 {
+		t.Fatalf("by uuid: %v", ok)
+	}
+	if _, ok := s.GPUByID("../../etc"); ok {
+		t.Fatal("found a GPU by a bogus id")
+	}
+}

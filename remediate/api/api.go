@@ -1,0 +1,183 @@
+// Package api serves the remediator's HTTP surface: the webhook, the audit
+// log, the breaker reset, health and metrics.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// Breaker is the circuit breaker a human resets.
+type Breaker interface {
+	Reset()
+	BreakerOpen() bool
+}
+
+// Status is what GET /api/v1/status reports.
+type Status struct {
+	Role        string `json:"role"`
+	Node        string `json:"node,omitempty"`
+	Act         bool   `json:"act"`
+	Policy      string `json:"policy,omitempty"`
+	BreakerOpen bool   `json:"breaker_open"`
+	StoreError  string `json:"store_error,omitempty"`
+	QueueDepth  int    `json:"queue_depth"`
+}
+
+// Config wires the API.
+type Config struct {
+	Webhook  http.Handler
+	Auth     *intake.Auth
+	Store    *store.Store
+	Breaker  Breaker
+	Registry *prometheus.Registry
+	// Ready reports whether the remediator can take work now.
+	Ready  func() error
+	Status func(ctx context.Context) Status
+	Logger *slog.Logger
+}
+
+// NewRouter returns the remediator's router.
+func NewRouter(cfg Config) (http.Handler, error) {
+	r := mux.NewRouter()
+	authed := r.PathPrefix("/api/v1").Subrouter()
+	authed.Use(cfg.Auth.Wrap)
+	authed.Handle("/alerts", cfg.Webhook).Methods(http.MethodPost)
+	authed.HandleFunc("/actions", cfg.listActions).Methods(http.MethodGet)
+	authed.HandleFunc("/actions/{id}", cfg.getAction).Methods(http.MethodGet)
+	authed.HandleFunc("/breaker/reset", cfg.resetBreaker).Methods(http.MethodPost)
+	authed.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, cfg.Status(r.Context()))
+	}).Methods(http.MethodGet)
+
+	r.Handle("/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError), MaxRequestsInFlight: 10, Registry: cfg.Registry,
+	}))
+	r.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "Healthy") })
+	r.HandleFunc("/-/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := cfg.Ready(); err != nil {
+			http.Error(w, "Not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "Ready")
+	})
+	landing, err := web.NewLandingPage(web.LandingConfig{
+		Name:        "GPU Orphan Remediator",
+		Description: "Takes Alertmanager's alerts and cleans up the processes that hold orphaned GPU memory, verified and rate-limited.",
+		Version:     version.Info(),
+		Links: []web.LandingLinks{
+			{Address: "/metrics", Text: "Metrics"},
+			{Address: "/api/v1/actions", Text: "Actions (authenticated)"},
+			{Address: "/api/v1/status", Text: "Status (authenticated)"},
+			{Address: "/-/healthy", Text: "Health"},
+			{Address: "/-/ready", Text: "Readiness"},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.Handle("/", landing)
+	return r, nil
+}
+
+func (cfg Config) listActions(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.Filter{Node: q.Get("node"), GPU: q.Get("gpu"), State: q.Get("state")}
+	var err error
+	if f.Since, err = parseTime(q.Get("since")); err != nil {
+		writeError(w, http.StatusBadRequest, "since: %v", err)
+		return
+	}
+	if f.Until, err = parseTime(q.Get("until")); err != nil {
+		writeError(w, http.StatusBadRequest, "until: %v", err)
+		return
+	}
+	if s := q.Get("limit"); s != "" {
+		if f.Limit, err = strconv.Atoi(s); err != nil || f.Limit < 1 || f.Limit > 1000 {
+			writeError(w, http.StatusBadRequest, "limit must be a number from 1 to 1000")
+			return
+		}
+	}
+	actions, err := cfg.Store.Actions(r.Context(), f)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "reading the audit store: %v", err)
+		return
+	}
+	if actions == nil {
+		actions = []remediate.Action{}
+	}
+	writeJSON(w, http.StatusOK, actions)
+}
+
+// actionWithEvents is one action and its timeline.
+type actionWithEvents struct {
+	remediate.Action
+	Events []store.Event `json:"events"`
+}
+
+func (cfg Config) getAction(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	actions, err := cfg.Store.Actions(r.Context(), store.Filter{ID: id, Limit: 1})
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "reading the audit store: %v", err)
+		return
+	}
+	if len(actions) == 0 {
+		writeError(w, http.StatusNotFound, "no action %q", id)
+		return
+	}
+	events, err := cfg.Store.Events(r.Context(), id)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "reading the audit store: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, actionWithEvents{Action: actions[0], Events: events})
+}
+
+func (cfg Config) resetBreaker(w http.ResponseWriter, r *http.Request) {
+	was := cfg.Breaker.BreakerOpen()
+	cfg.Breaker.Reset()
+	cfg.Logger.Warn("Circuit breaker reset by request", "source", r.RemoteAddr, "was_open", was)
+	writeJSON(w, http.StatusOK, map[string]bool{"was_open": was, "open": cfg.Breaker.BreakerOpen()})
+}
+
+// parseTime accepts RFC 3339 or Unix seconds.
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Unix(0, int64(f*1e9)), nil
+	}
+	return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor Unix seconds", s)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, map[string]string{"error": fmt.Sprintf(format, args...)})
+}

@@ -1,0 +1,449 @@
+// Package decide chooses, from one snapshot, which processes a cleanup of
+// one GPU may signal, and which it must leave alone. It signals nothing:
+// the plan goes to package kill.
+package decide
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+// Why a plan does not act. Reasons with a detail read "reason: detail".
+const (
+	SkipSnapshotUnhealthy     = "snapshot_unhealthy"
+	SkipGPUNotFound           = "gpu_not_found"
+	SkipGPUReadFailed         = "gpu_read_failed"
+	SkipAccountingUnsupported = "accounting_unsupported"
+	SkipUnknownPolicy         = "unknown_policy"
+	SkipBelowThreshold        = "below_threshold"
+	SkipTooYoung              = "too_young"
+	SkipNotScanned            = "holders_not_scanned"
+	SkipNoTargets             = "no_targets"
+)
+
+// Why a process is left alone (remediate.Exclusion.Why).
+const (
+	WhyPID1            = "pid_1"
+	WhyKernelThread    = "kernel_thread"
+	WhyIdentityUnknown = "identity_unknown"
+	WhySelf            = "self"
+	WhyOwnGroup        = "own_process_group"
+	WhyOwnSession      = "own_session"
+	WhyZombie          = "zombie"
+	WhyProtected       = "protected"
+	WhyOwnsLiveMemory  = "owns_live_memory"
+)
+
+// Target reasons that this package adds to the snapshot's suspect reasons.
+const (
+	// ReasonGroupMember: a member of a process group killed whole that
+	// holds no GPU itself.
+	ReasonGroupMember = "process_group_member"
+	// ReasonDeviceHolder: under all-holders, a holder of the device node
+	// that is not a suspect (a live owner, for instance).
+	ReasonDeviceHolder = "device_holder"
+)
+
+// Self is the remediator's own identity; the plan never includes it, its
+// process group or its session.
+type Self struct {
+	PID, PGID, SID int
+}
+
+// CurrentSelf returns the identity of the calling process.
+func CurrentSelf() Self {
+	sid, err := unix.Getsid(0)
+	if err != nil {
+		sid = 0
+	}
+	return Self{PID: unix.Getpid(), PGID: unix.Getpgrp(), SID: sid}
+}
+
+// Config is what a decision needs besides the snapshot.
+type Config struct {
+	// Policy is one of remediate.Policy*; empty means dead-owner.
+	Policy string
+	// MinAge is how long memory must have had no live owner
+	// (GPU.UnownedSince) before anything is done about it.
+	MinAge time.Duration
+	// MinBytes: memory with no live owner must exceed it. NVML charges about
+	// 8 MiB per live context to no process, so it must not be zero.
+	MinBytes uint64
+	// Protected are comm patterns never touched; nil means DefaultProtected.
+	// To protect nothing beyond the fixed rules, pass an empty, non-nil slice.
+	Protected []string
+	// Self is the remediator; the zero value means the calling process.
+	Self Self
+}
+
+func (c Config) withDefaults() Config {
+	if c.Policy == "" {
+		c.Policy = remediate.PolicyDeadOwner
+	}
+	if c.Protected == nil {
+		c.Protected = DefaultProtected
+	}
+	if c.Self == (Self{}) {
+		c.Self = CurrentSelf()
+	}
+	return c
+}
+
+// Excludes reports why p must never be signalled, by the rules that need
+// no snapshot: PID 1, kernel threads, an unknown identity, the remediator
+// itself, its process group and session, zombies, and the protected list.
+// It returns "" when none applies. Package kill uses it for group members
+// forked after the plan.
+func (c Config) Excludes(p proc.Process) string {
+	c = c.withDefaults()
+	switch {
+	case p.PID == 1:
+		return WhyPID1
+	case p.PID == 2 || p.PPID == 2 || (p.PPID == 0 && p.Cmdline == "" && p.StartTime != 0):
+		// kthreadd and its children; kernel threads have no cmdline.
+		return WhyKernelThread
+	case p.PID <= 0 || p.StartTime == 0:
+		// proc.FS.Alive returns only the PID when /proc could not tell:
+		// without a start time the kill ladder cannot check identity.
+		return WhyIdentityUnknown
+	case p.PID == c.Self.PID:
+		return WhySelf
+	case c.Self.PGID > 0 && p.PGID == c.Self.PGID:
+		return WhyOwnGroup
+	case c.Self.SID > 0 && p.SID == c.Self.SID:
+		return WhyOwnSession
+	case p.Zombie():
+		return WhyZombie
+	}
+	if _, ok := protected(p.Comm, c.Protected); ok {
+		return WhyProtected
+	}
+	return ""
+}
+
+// Plan is what to do about one GPU.
+type Plan struct {
+	GPUUUID  string
+	GPUIndex int
+	Policy   string
+	// Act is true when there are targets and every precondition held.
+	Act bool
+	// SkipReason says why not, when !Act.
+	SkipReason string
+	Before     remediate.MemoryEvidence
+	// Targets are sorted by PID.
+	Targets []remediate.Target
+	// Excluded are the candidates and the live owners of the GPU that the
+	// plan leaves alone, sorted by PID.
+	Excluded []remediate.Exclusion
+	// Groups are the process groups killed whole.
+	Groups []int
+	// Notes explain, for the audit record, why a target's process group was
+	// not killed whole.
+	Notes []string
+}
+
+// Decide plans the cleanup of GPU gpuID (its UUID or index) under cfg.
+// groups lists process groups for the whole-group rule; nil kills
+// suspects only. now is the moment that ages are measured to.
+//
+// The problem each policy needs:
+//   - dead-owner and all-holders: memory with no live owner above MinBytes
+//     for at least MinAge.
+//   - orphaned: the same, or an orphaned holder (a suspect with reason
+//     orphaned). Such a holder's memory has a live owner, so neither
+//     UnownedBytes nor UnownedSince says anything about it; being orphaned
+//     is a fact of the process tree, not a reading that may flicker, and
+//     the alert's own `for:` supplies the age. So it needs no threshold.
+//     Inherited suspects are still targeted only when the dead-owner
+//     problem holds.
+func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, now time.Time) Plan {
+	cfg = cfg.withDefaults()
+	p := Plan{Policy: cfg.Policy}
+	skip := func(reason string) Plan {
+		p.Act, p.SkipReason = false, reason
+		return p
+	}
+	if s == nil {
+		return skip(SkipSnapshotUnhealthy)
+	}
+	g, found := s.GPUByID(gpuID)
+	if found {
+		p.GPUUUID, p.GPUIndex = g.Device.UUID, g.Device.Index
+		p.Before = evidence(s, g, now)
+	}
+	// A failed source may have left any GPU's numbers stale or partial.
+	if !s.Healthy() {
+		return skip(SkipSnapshotUnhealthy)
+	}
+	if !found {
+		return skip(SkipGPUNotFound)
+	}
+	if g.Err != nil {
+		return skip(fmt.Sprintf("%s: %v", SkipGPUReadFailed, g.Err))
+	}
+	if g.Unsupported != "" {
+		return skip(SkipAccountingUnsupported + ": " + g.Unsupported)
+	}
+	switch cfg.Policy {
+	case remediate.PolicyDeadOwner, remediate.PolicyOrphaned, remediate.PolicyAllHolders:
+	default:
+		return skip(SkipUnknownPolicy + ": " + cfg.Policy)
+	}
+
+	problem := ""
+	switch {
+	case g.UnownedBytes <= cfg.MinBytes:
+		problem = SkipBelowThreshold
+	case g.UnownedSince.IsZero() || now.Sub(g.UnownedSince) < cfg.MinAge:
+		problem = SkipTooYoung
+	}
+	orphans := cfg.Policy == remediate.PolicyOrphaned && slices.ContainsFunc(g.Suspects, func(h snapshot.Holder) bool {
+		return h.Reason == snapshot.ReasonOrphaned
+	})
+	if problem != "" && !orphans {
+		return skip(problem)
+	}
+	if !g.Scanned {
+		return skip(SkipNotScanned)
+	}
+
+	w := newWorld(s)
+	cands := candidates(g, cfg.Policy, problem == "", groups)
+	targeted := map[int]bool{}
+	excluded := map[int]bool{}
+	for _, c := range cands {
+		if targeted[c.PID] || excluded[c.PID] {
+			continue
+		}
+		why := c.why
+		if why == "" {
+			why = cfg.Excludes(c.Process)
+		}
+		if why == "" && w.liveOwner[c.PID] && !ownsByPolicy(cfg.Policy, c.reason) {
+			why = WhyOwnsLiveMemory
+		}
+		if why != "" {
+			excluded[c.PID] = true
+			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: info(c.Process), Why: why})
+			continue
+		}
+		targeted[c.PID] = true
+		p.Targets = append(p.Targets, remediate.Target{ProcessInfo: info(c.Process), Reason: c.reason})
+	}
+	// The memory we leave on this GPU belongs to someone: say to whom.
+	for _, o := range g.Owners {
+		pid := int(o.PID)
+		if o.Alive && o.Process != nil && !targeted[pid] && !excluded[pid] {
+			excluded[pid] = true
+			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: info(*o.Process), Why: WhyOwnsLiveMemory})
+		}
+	}
+	if len(p.Targets) == 0 {
+		p.sort()
+		return skip(SkipNoTargets)
+	}
+	if groups != nil {
+		p.wholeGroups(cfg, w, groups, targeted)
+	}
+	p.sort()
+	p.Act = true
+	return p
+}
+
+// candidate is a process a policy would target, before the never-touch
+// rules; why is set when it is excluded already.
+type candidate struct {
+	proc.Process
+	reason string
+	why    string
+}
+
+// candidates lists, in order, who policy would target on g. deadOwner says
+// whether the dead-owner problem holds.
+func candidates(g snapshot.GPU, policy string, deadOwner bool, groups GroupLister) []candidate {
+	var out []candidate
+	for _, h := range g.Suspects {
+		switch {
+		case h.Reason == snapshot.ReasonInheritedFromDeadOwner && deadOwner && g.DeadOwnerListed(),
+			h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned,
+			policy == remediate.PolicyAllHolders:
+			out = append(out, candidate{Process: h.Process, reason: h.Reason})
+		}
+	}
+	if policy != remediate.PolicyAllHolders {
+		return out
+	}
+	owners := map[int]*proc.Process{}
+	for _, o := range g.Owners {
+		if o.Alive && o.Process != nil {
+			owners[int(o.PID)] = o.Process
+		}
+	}
+	reader, _ := groups.(ProcessReader)
+	for _, pid := range g.HolderPIDs {
+		if slices.ContainsFunc(out, func(c candidate) bool { return c.PID == pid }) {
+			continue
+		}
+		if pr, ok := owners[pid]; ok {
+			out = append(out, candidate{Process: *pr, reason: ReasonDeviceHolder})
+			continue
+		}
+		if reader == nil {
+			out = append(out, candidate{Process: proc.Process{PID: pid}, reason: ReasonDeviceHolder, why: WhyIdentityUnknown})
+			continue
+		}
+		if pr, ok := reader.Alive(pid); ok {
+			out = append(out, candidate{Process: pr, reason: ReasonDeviceHolder})
+		}
+	}
+	return out
+}
+
+// ownsByPolicy reports whether the policy targets a process by name even
+// though it owns live memory.
+func ownsByPolicy(policy, reason string) bool {
+	switch policy {
+	case remediate.PolicyAllHolders:
+		return true
+	case remediate.PolicyOrphaned:
+		return reason == snapshot.ReasonOrphaned
+	}
+	return false
+}
+
+// world is what the snapshot says about every GPU at once.
+type world struct {
+	liveOwner map[int]bool
+	holder    map[int]bool
+	// allScanned is true when every GPU's holders were scanned, so that
+	// "holds no GPU" is known rather than assumed.
+	allScanned bool
+}
+
+func newWorld(s *snapshot.Snapshot) world {
+	w := world{liveOwner: map[int]bool{}, holder: map[int]bool{}, allScanned: true}
+	for _, g := range s.GPUs {
+		for _, o := range g.Owners {
+			if o.Alive {
+				w.liveOwner[int(o.PID)] = true
+			}
+		}
+		for _, pid := range g.HolderPIDs {
+			w.holder[pid] = true
+		}
+		if !g.Scanned {
+			w.allScanned = false
+		}
+	}
+	return w
+}
+
+// wholeGroups applies the group rule: a process group is killed whole when
+// every live member is a target, or holds no GPU and may be touched.
+func (p *Plan) wholeGroups(cfg Config, w world, groups GroupLister, targeted map[int]bool) {
+	var pgids []int
+	for _, t := range p.Targets {
+		if t.PGID > 0 && t.PGID != cfg.Self.PGID && !slices.Contains(pgids, t.PGID) {
+			pgids = append(pgids, t.PGID)
+		}
+	}
+	slices.Sort(pgids)
+	for _, pgid := range pgids {
+		extra, note := groupExtras(cfg, w, groups, targeted, pgid)
+		if note != "" {
+			p.Notes = append(p.Notes, fmt.Sprintf("process group %d not killed whole: %s", pgid, note))
+			continue
+		}
+		for i := range p.Targets {
+			if p.Targets[i].PGID == pgid {
+				p.Targets[i].WholeGroup = true
+			}
+		}
+		for _, m := range extra {
+			targeted[m.PID] = true
+			p.Targets = append(p.Targets, remediate.Target{ProcessInfo: info(m), Reason: ReasonGroupMember, WholeGroup: true})
+		}
+		p.Groups = append(p.Groups, pgid)
+	}
+}
+
+// groupExtras returns the members of pgid that are not targets yet, or why
+// the group may not be killed whole.
+func groupExtras(cfg Config, w world, groups GroupLister, targeted map[int]bool, pgid int) ([]proc.Process, string) {
+	members, err := groups.Members(pgid)
+	if err != nil {
+		return nil, fmt.Sprintf("listing its members: %v", err)
+	}
+	var extra []proc.Process
+	for _, m := range members {
+		if m.PGID != pgid || targeted[m.PID] {
+			continue
+		}
+		if why := cfg.Excludes(m); why != "" {
+			return nil, fmt.Sprintf("member %d (%s) is %s", m.PID, m.Comm, why)
+		}
+		if w.liveOwner[m.PID] {
+			return nil, fmt.Sprintf("member %d (%s) is %s", m.PID, m.Comm, WhyOwnsLiveMemory)
+		}
+		if w.holder[m.PID] {
+			return nil, fmt.Sprintf("member %d (%s) holds a GPU and is not a target", m.PID, m.Comm)
+		}
+		if !w.allScanned {
+			return nil, fmt.Sprintf("member %d (%s) is not a target, and not every GPU's holders were scanned", m.PID, m.Comm)
+		}
+		extra = append(extra, m)
+	}
+	return extra, ""
+}
+
+func (p *Plan) sort() {
+	slices.SortFunc(p.Targets, func(a, b remediate.Target) int { return a.PID - b.PID })
+	slices.SortFunc(p.Excluded, func(a, b remediate.Exclusion) int { return a.PID - b.PID })
+}
+
+// evidence records the GPU's memory as the plan saw it.
+func evidence(s *snapshot.Snapshot, g snapshot.GPU, now time.Time) remediate.MemoryEvidence {
+	e := remediate.MemoryEvidence{
+		At:             s.Taken,
+		UsedBytes:      g.Memory.Used,
+		OwnedLiveBytes: g.OwnedLiveBytes,
+		OwnedDeadBytes: g.OwnedDeadBytes,
+		UnownedBytes:   g.UnownedBytes,
+		HolderPIDs:     slices.Clone(g.HolderPIDs),
+	}
+	if !g.UnownedSince.IsZero() {
+		e.UnownedAgeSeconds = now.Sub(g.UnownedSince).Seconds()
+	}
+	for _, o := range g.Owners {
+		if !o.Alive {
+			e.DeadOwnerPIDs = append(e.DeadOwnerPIDs, o.PID)
+		}
+	}
+	return e
+}
+
+// info is a process's identity as the audit record keeps it.
+func info(p proc.Process) remediate.ProcessInfo {
+	return remediate.ProcessInfo{
+		PID:       p.PID,
+		PPID:      p.PPID,
+		PGID:      p.PGID,
+		SID:       p.SID,
+		StartTime: p.StartTime,
+		State:     p.State,
+		User:      p.User,
+		Comm:      p.Comm,
+		Command:   p.Cmdline,
+		Cgroup:    p.Cgroup,
+		Container: p.Container,
+		Pod:       p.Pod,
+	}
+}

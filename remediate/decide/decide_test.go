@@ -1,0 +1,637 @@
+package decide
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+const mib = gpu.MiB
+
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// self is the remediator in every case: PID 9000, its own group, in the
+// session of a shell (8999).
+var self = Self{PID: 9000, PGID: 9000, SID: 8999}
+
+func baseConfig(policy string) Config {
+	return Config{Policy: policy, MinAge: time.Minute, MinBytes: 256 * mib, Self: self}
+}
+
+// pr builds a live process of a job started from session 50.
+func pr(pid, ppid, pgid int, comm string) proc.Process {
+	return proc.Process{
+		PID: pid, PPID: ppid, PGID: pgid, SID: 50, State: "S",
+		StartTime: uint64(100000 + pid), UID: 1000, User: "alice",
+		Comm: comm, Cmdline: comm + " --job", Cgroup: "/user.slice",
+	}
+}
+
+func ptr(p proc.Process) *proc.Process { return &p }
+
+func inherited(p proc.Process) snapshot.Holder {
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner}
+}
+
+func orphaned(p proc.Process) snapshot.Holder {
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonOrphaned, Listed: true}
+}
+
+func dead(pid uint32, bytes uint64) snapshot.Owner {
+	return snapshot.Owner{PID: pid, UsedBytes: bytes}
+}
+
+func live(p proc.Process, bytes uint64) snapshot.Owner {
+	return snapshot.Owner{PID: uint32(p.PID), UsedBytes: bytes, Alive: true, Process: ptr(p)}
+}
+
+// gpuAcct builds one scanned GPU and fills in the totals from its owners,
+// as snapshot.Taker does. Unowned memory has been there for ten minutes.
+func gpuAcct(index int, owners []snapshot.Owner, holders []int, suspects ...snapshot.Holder) snapshot.GPU {
+	g := snapshot.GPU{
+		Device:       gpu.Device{Index: index, UUID: "GPU-" + string(rune('a'+index)), Name: "NVIDIA H200", Minor: index},
+		Owners:       owners,
+		Scanned:      true,
+		HolderPIDs:   holders,
+		Suspects:     suspects,
+		UnownedSince: now.Add(-10 * time.Minute),
+	}
+	for _, o := range owners {
+		if o.Alive {
+			g.OwnedLiveBytes += o.UsedBytes
+		} else {
+			g.OwnedDeadBytes += o.UsedBytes
+		}
+		g.Memory.Used += o.UsedBytes + 8*mib
+	}
+	g.UnownedBytes = g.Memory.Used - g.OwnedLiveBytes
+	if g.UnownedBytes <= 256*mib {
+		g.UnownedSince = time.Time{}
+	}
+	return g
+}
+
+func snap(gpus ...snapshot.GPU) *snapshot.Snapshot {
+	return &snapshot.Snapshot{
+		Taken: now, Driver: "sim", GPUs: gpus, HostPIDsVisible: true,
+		Sources: []snapshot.Source{{Name: "sim"}, {Name: snapshot.SourceProc}, {Name: snapshot.SourceFDScan}},
+	}
+}
+
+// fakeGroups lists process groups and reads processes from a table.
+type fakeGroups struct {
+	groups map[int][]proc.Process
+	procs  map[int]proc.Process
+	err    error
+}
+
+func (f fakeGroups) Members(pgid int) ([]proc.Process, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.groups[pgid], nil
+}
+
+func (f fakeGroups) Alive(pid int) (proc.Process, bool) {
+	p, ok := f.procs[pid]
+	return p, ok
+}
+
+// The cast of the fork-orphan case (FACTS.md): trainer 100 forked workers
+// 201 and 202 after CUDA init and was SIGKILLed; the workers, reparented to
+// init, keep its context. 203 is a non-GPU helper of the same job. 300 is
+// another user's healthy job.
+var (
+	worker1   = pr(201, 1, 100, "pt_data_worker")
+	worker2   = pr(202, 1, 100, "pt_data_worker")
+	helper    = pr(203, 1, 100, "tensorboard")
+	stranger  = pr(204, 1, 100, "python3")
+	other     = pr(300, 299, 300, "python3")
+	smi       = pr(301, 1, 301, "nvidia-smi")
+	persisted = pr(302, 1, 302, "nvidia-persiste") // nvidia-persistenced, truncated by the kernel
+	exporter  = pr(303, 1, 303, "dcgm-exporter")
+	// An orphaned owner: its own context outlived its killed parent; its
+	// session leader (390) is dead.
+	spawned  = proc.Process{PID: 400, PPID: 1, PGID: 390, SID: 390, State: "S", StartTime: 100400, User: "bob", Comm: "python3", Cmdline: "python3 spawn.py"}
+	spawnAux = proc.Process{PID: 401, PPID: 400, PGID: 390, SID: 390, State: "S", StartTime: 100401, User: "bob", Comm: "sleep", Cmdline: "sleep 1000"}
+)
+
+func forkOrphan() snapshot.GPU {
+	return gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 202}, inherited(worker1), inherited(worker2))
+}
+
+func forkOrphanGroups(members ...proc.Process) fakeGroups {
+	return fakeGroups{groups: map[int][]proc.Process{100: members}}
+}
+
+func TestDecide(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		snap   *snapshot.Snapshot
+		gpu    string
+		cfg    Config
+		groups GroupLister
+
+		wantSkip     string // prefix of SkipReason; "" means Act
+		wantTargets  map[int]string
+		wantWhole    []int
+		wantGroups   []int
+		wantExcluded map[int]string
+		wantNote     string
+	}{
+		{
+			name:        "fork orphan: both children targeted, whole group",
+			snap:        snap(forkOrphan()),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			groups:      forkOrphanGroups(worker1, worker2),
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantWhole:   []int{201, 202},
+			wantGroups:  []int{100},
+		},
+		{
+			name:   "fork orphan by UUID, default policy: an idle member joins the group kill",
+			snap:   snap(forkOrphan()),
+			gpu:    "GPU-a",
+			cfg:    Config{MinAge: time.Minute, MinBytes: 256 * mib, Self: self},
+			groups: forkOrphanGroups(worker1, worker2, helper),
+			wantTargets: map[int]string{
+				201: snapshot.ReasonInheritedFromDeadOwner,
+				202: snapshot.ReasonInheritedFromDeadOwner,
+				203: ReasonGroupMember,
+			},
+			wantWhole:  []int{201, 202, 203},
+			wantGroups: []int{100},
+		},
+		{
+			name: "live owner on the same GPU is never targeted",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib), live(other, 4096*mib)}, []int{201, 300},
+				inherited(worker1))),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			groups:       forkOrphanGroups(worker1),
+			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantWhole:    []int{201},
+			wantGroups:   []int{100},
+			wantExcluded: map[int]string{300: WhyOwnsLiveMemory},
+		},
+		{
+			name: "a suspect that owns live memory on another GPU is left alone",
+			snap: snap(
+				forkOrphan(),
+				gpuAcct(1, []snapshot.Owner{live(worker2, 2048*mib)}, []int{202}),
+			),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			groups:       forkOrphanGroups(worker1, worker2),
+			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]string{202: WhyOwnsLiveMemory},
+			wantNote:     "member 202",
+		},
+		{
+			name: "protected holders are excluded, truncated comm included",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 301, 302, 303},
+				inherited(worker1), inherited(smi), inherited(persisted), inherited(exporter))),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			groups:       forkOrphanGroups(worker1),
+			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantWhole:    []int{201},
+			wantGroups:   []int{100},
+			wantExcluded: map[int]string{301: WhyProtected, 302: WhyProtected, 303: WhyProtected},
+		},
+		{
+			name: "an innocent member holding another GPU keeps its group: suspects only",
+			snap: snap(
+				forkOrphan(),
+				gpuAcct(1, []snapshot.Owner{dead(150, 1024*mib)}, []int{204}),
+			),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			groups:      forkOrphanGroups(worker1, worker2, stranger),
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantNote:    "member 204 (python3) holds a GPU",
+		},
+		{
+			name: "an idle member is not added while another GPU was not scanned",
+			snap: func() *snapshot.Snapshot {
+				g1 := gpuAcct(1, nil, nil)
+				g1.Scanned = false
+				return snap(forkOrphan(), g1)
+			}(),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			groups:      forkOrphanGroups(worker1, worker2, helper),
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantNote:    "not every GPU's holders were scanned",
+		},
+		{
+			name: "a protected member keeps its group",
+			snap: snap(forkOrphan()),
+			gpu:  "0",
+			cfg:  baseConfig(remediate.PolicyDeadOwner),
+			groups: forkOrphanGroups(worker1, worker2,
+				proc.Process{PID: 205, PPID: 1, PGID: 100, SID: 50, StartTime: 1, Comm: "sshd", Cmdline: "sshd: alice"}),
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantNote:    "member 205 (sshd) is protected",
+		},
+		{
+			name:        "a group that cannot be listed is not killed whole",
+			snap:        snap(forkOrphan()),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			groups:      fakeGroups{err: errors.New("permission denied")},
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantNote:    "permission denied",
+		},
+		{
+			name:        "without a group lister only suspects are targeted",
+			snap:        snap(forkOrphan()),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+		},
+		{
+			name: "self, own group and own session are excluded",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 9000, 9001, 9002},
+				inherited(worker1),
+				inherited(proc.Process{PID: 9000, PPID: 8999, PGID: 9000, SID: 8999, StartTime: 9, Comm: "gpu-orphan-rem", Cmdline: "x"}),
+				inherited(proc.Process{PID: 9001, PPID: 9000, PGID: 9000, SID: 8999, StartTime: 9, Comm: "python3", Cmdline: "x"}),
+				inherited(proc.Process{PID: 9002, PPID: 8999, PGID: 9002, SID: 8999, StartTime: 9, Comm: "python3", Cmdline: "x"}),
+			)),
+			gpu: "0",
+			cfg: baseConfig(remediate.PolicyDeadOwner),
+			// 201's group holds a process of our session: never killed whole.
+			groups: forkOrphanGroups(worker1,
+				proc.Process{PID: 210, PPID: 1, PGID: 100, SID: 8999, StartTime: 9, Comm: "bash", Cmdline: "bash"}),
+			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]string{9000: WhySelf, 9001: WhyOwnGroup, 9002: WhyOwnSession},
+			wantNote:     "own_session",
+		},
+		{
+			name: "PID 1 and kernel threads are excluded",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{1, 2, 33, 34},
+				inherited(proc.Process{PID: 1, SID: 1, PGID: 1, StartTime: 1, Comm: "bash", Cmdline: "/bin/bash"}),
+				inherited(proc.Process{PID: 2, StartTime: 1, Comm: "kthreadd"}),
+				inherited(proc.Process{PID: 33, PPID: 2, StartTime: 2, Comm: "nv_queue"}),
+				inherited(proc.Process{PID: 34, StartTime: 2, Comm: "weird"}),
+			)),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			wantSkip:     SkipNoTargets,
+			wantExcluded: map[int]string{1: WhyPID1, 2: WhyKernelThread, 33: WhyKernelThread, 34: WhyKernelThread},
+		},
+		{
+			name: "a holder whose identity /proc could not tell is excluded",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 222},
+				inherited(worker1), inherited(proc.Process{PID: 222}))),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]string{222: WhyIdentityUnknown},
+		},
+		{
+			name: "too young",
+			snap: func() *snapshot.Snapshot {
+				g := forkOrphan()
+				g.UnownedSince = now.Add(-10 * time.Second)
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipTooYoung,
+		},
+		{
+			name: "no age clock yet is too young",
+			snap: func() *snapshot.Snapshot {
+				g := forkOrphan()
+				g.UnownedSince = time.Time{}
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      Config{MinBytes: 256 * mib, Self: self},
+			wantSkip: SkipTooYoung,
+		},
+		{
+			name: "below threshold: only the per-context slack is unowned",
+			snap: snap(gpuAcct(0, []snapshot.Owner{live(other, 4096*mib)}, []int{300})),
+			gpu:  "0",
+			cfg:  baseConfig(remediate.PolicyDeadOwner),
+			// 8 MiB per live context are charged to no process.
+			wantSkip: SkipBelowThreshold,
+		},
+		{
+			name: "unhealthy snapshot",
+			snap: func() *snapshot.Snapshot {
+				s := snap(forkOrphan())
+				s.Sources[2].Err = errors.New("scan failed")
+				return s
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			groups:   forkOrphanGroups(worker1, worker2),
+			wantSkip: SkipSnapshotUnhealthy,
+		},
+		{
+			name: "driver failed: no GPUs, unhealthy rather than not found",
+			snap: &snapshot.Snapshot{Taken: now, Sources: []snapshot.Source{{Name: "nvml", Err: errors.New("hung")}}},
+			gpu:  "0", cfg: baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipSnapshotUnhealthy,
+		},
+		{
+			name:     "nil snapshot",
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipSnapshotUnhealthy,
+		},
+		{
+			name: "accounting unsupported",
+			snap: func() *snapshot.Snapshot {
+				g := forkOrphan()
+				g.Unsupported = snapshot.UnsupportedForeignPIDNamespace
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipAccountingUnsupported + ": " + snapshot.UnsupportedForeignPIDNamespace,
+		},
+		{
+			name: "GPU read failed",
+			snap: func() *snapshot.Snapshot {
+				g := forkOrphan()
+				g.Err = errors.New("GPU is lost")
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipGPUReadFailed + ": GPU is lost",
+		},
+		{
+			name:     "GPU not found",
+			snap:     snap(forkOrphan()),
+			gpu:      "7",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipGPUNotFound,
+		},
+		{
+			name:     "unknown policy",
+			snap:     snap(forkOrphan()),
+			gpu:      "0",
+			cfg:      baseConfig("everything"),
+			wantSkip: SkipUnknownPolicy + ": everything",
+		},
+		{
+			name: "holders not scanned",
+			snap: func() *snapshot.Snapshot {
+				g := forkOrphan()
+				g.Scanned, g.HolderPIDs, g.Suspects = false, nil, nil
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipNotScanned,
+		},
+		{
+			name: "unowned memory but no dead owner listed: nothing for dead-owner",
+			snap: func() *snapshot.Snapshot {
+				g := gpuAcct(0, nil, []int{201})
+				g.Memory.Used, g.UnownedBytes, g.UnownedSince = 4096*mib, 4096*mib, now.Add(-time.Hour)
+				return snap(g)
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			wantSkip: SkipNoTargets,
+		},
+		{
+			name: "dead-owner leaves an orphaned owner alone",
+			snap: snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
+			gpu:  "0",
+			cfg:  baseConfig(remediate.PolicyDeadOwner),
+			// Its memory has a live owner: nothing is unowned.
+			wantSkip: SkipBelowThreshold,
+		},
+		{
+			name:   "orphaned policy picks the orphaned owner and its group",
+			snap:   snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
+			gpu:    "0",
+			cfg:    baseConfig(remediate.PolicyOrphaned),
+			groups: fakeGroups{groups: map[int][]proc.Process{390: {spawned, spawnAux}}},
+			wantTargets: map[int]string{
+				400: snapshot.ReasonOrphaned,
+				401: ReasonGroupMember,
+			},
+			wantWhole:  []int{400, 401},
+			wantGroups: []int{390},
+		},
+		{
+			name: "orphaned policy takes inherited suspects too when the problem holds",
+			snap: snap(
+				gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib), live(spawned, 2658*mib)}, []int{201, 202, 400},
+					inherited(worker1), inherited(worker2), orphaned(spawned)),
+			),
+			gpu: "0",
+			cfg: baseConfig(remediate.PolicyOrphaned),
+			wantTargets: map[int]string{
+				201: snapshot.ReasonInheritedFromDeadOwner,
+				202: snapshot.ReasonInheritedFromDeadOwner,
+				400: snapshot.ReasonOrphaned,
+			},
+		},
+		{
+			name: "orphaned policy: a protected orphan is still excluded",
+			snap: func() *snapshot.Snapshot {
+				p := spawned
+				p.Comm = "Xorg"
+				return snap(gpuAcct(0, []snapshot.Owner{live(p, 2658*mib)}, []int{400}, orphaned(p)))
+			}(),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyOrphaned),
+			wantSkip:     SkipNoTargets,
+			wantExcluded: map[int]string{400: WhyProtected},
+		},
+		{
+			name: "all-holders picks live owners but not protected ones",
+			snap: snap(gpuAcct(0,
+				[]snapshot.Owner{dead(100, 6754*mib), live(other, 4096*mib), live(smi, 2*mib)},
+				[]int{201, 300, 301, 310},
+				inherited(worker1))),
+			gpu: "0",
+			cfg: baseConfig(remediate.PolicyAllHolders),
+			groups: fakeGroups{
+				groups: map[int][]proc.Process{100: {worker1}, 300: {other}, 310: {pr(310, 1, 310, "cuda_app")}},
+				procs:  map[int]proc.Process{310: pr(310, 1, 310, "cuda_app")},
+			},
+			wantTargets: map[int]string{
+				201: snapshot.ReasonInheritedFromDeadOwner,
+				300: ReasonDeviceHolder,
+				310: ReasonDeviceHolder,
+			},
+			wantWhole:    []int{201, 300, 310},
+			wantGroups:   []int{100, 300, 310},
+			wantExcluded: map[int]string{301: WhyProtected},
+		},
+		{
+			name: "all-holders still needs the problem",
+			snap: snap(gpuAcct(0, []snapshot.Owner{live(other, 4096*mib)}, []int{300})),
+			gpu:  "0", cfg: baseConfig(remediate.PolicyAllHolders),
+			wantSkip: SkipBelowThreshold,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Decide(tc.snap, tc.gpu, tc.cfg, tc.groups, now)
+			if tc.wantSkip != "" {
+				if p.Act || !strings.HasPrefix(p.SkipReason, tc.wantSkip) {
+					t.Fatalf("Act=%v SkipReason=%q, want skip %q", p.Act, p.SkipReason, tc.wantSkip)
+				}
+				if len(p.Targets) != 0 && tc.wantSkip != SkipNoTargets {
+					t.Errorf("skipped plan has targets %v", p.Targets)
+				}
+			} else if !p.Act || p.SkipReason != "" {
+				t.Fatalf("Act=%v SkipReason=%q, want act", p.Act, p.SkipReason)
+			}
+			if got := targetReasons(p); !maps.Equal(got, nonNil(tc.wantTargets)) {
+				t.Errorf("targets = %v, want %v", got, tc.wantTargets)
+			}
+			var whole []int
+			for _, tg := range p.Targets {
+				if tg.WholeGroup {
+					whole = append(whole, tg.PID)
+				}
+			}
+			if !slices.Equal(whole, tc.wantWhole) {
+				t.Errorf("whole-group targets = %v, want %v", whole, tc.wantWhole)
+			}
+			if !slices.Equal(p.Groups, tc.wantGroups) {
+				t.Errorf("Groups = %v, want %v", p.Groups, tc.wantGroups)
+			}
+			excl := map[int]string{}
+			for _, e := range p.Excluded {
+				excl[e.PID] = e.Why
+			}
+			if !maps.Equal(excl, nonNil(tc.wantExcluded)) {
+				t.Errorf("excluded = %v, want %v", excl, tc.wantExcluded)
+			}
+			if tc.wantNote != "" && !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, tc.wantNote) }) {
+				t.Errorf("notes = %q, want one containing %q", p.Notes, tc.wantNote)
+			}
+			if tc.wantNote == "" && len(p.Notes) > 0 {
+				t.Errorf("unexpected notes %q", p.Notes)
+			}
+			for _, tg := range p.Targets {
+				if tg.StartTime == 0 {
+					t.Errorf("target %d has no start time: the ladder could not check its identity", tg.PID)
+				}
+			}
+		})
+	}
+}
+
+func targetReasons(p Plan) map[int]string {
+	m := map[int]string{}
+	for _, t := range p.Targets {
+		m[t.PID] = t.Reason
+	}
+	return m
+}
+
+func nonNil(m map[int]string) map[int]string {
+	if m == nil {
+		return map[int]string{}
+	}
+	return m
+}
+
+func TestDecideEvidence(t *testing.T) {
+	s := snap(forkOrphan())
+	p := Decide(s, "0", baseConfig(""), forkOrphanGroups(worker1, worker2), now)
+	if p.Policy != remediate.PolicyDeadOwner || p.GPUUUID != "GPU-a" || p.GPUIndex != 0 {
+		t.Errorf("plan names policy %q GPU %q/%d", p.Policy, p.GPUUUID, p.GPUIndex)
+	}
+	b := p.Before
+	if b.At != now || b.UsedBytes != 6762*mib || b.OwnedDeadBytes != 6754*mib || b.UnownedBytes != 6762*mib {
+		t.Errorf("evidence numbers: %+v", b)
+	}
+	if b.UnownedAgeSeconds != 600 {
+		t.Errorf("UnownedAgeSeconds = %v, want 600", b.UnownedAgeSeconds)
+	}
+	if !slices.Equal(b.DeadOwnerPIDs, []uint32{100}) || !slices.Equal(b.HolderPIDs, []int{201, 202}) {
+		t.Errorf("evidence PIDs: dead %v holders %v", b.DeadOwnerPIDs, b.HolderPIDs)
+	}
+	tg := p.Targets[0]
+	if tg.PID != 201 || tg.StartTime != 100201 || tg.PGID != 100 || tg.Command != "pt_data_worker --job" || tg.User != "alice" {
+		t.Errorf("target identity: %+v", tg.ProcessInfo)
+	}
+}
+
+func TestExcludes(t *testing.T) {
+	cfg := Config{Self: self, Protected: []string{"sshd*", "nvidia-persistenced"}}
+	for _, tc := range []struct {
+		name string
+		p    proc.Process
+		want string
+	}{
+		{"ordinary", pr(201, 1, 100, "python3"), ""},
+		{"pid 1", proc.Process{PID: 1, StartTime: 1, Comm: "systemd", Cmdline: "/sbin/init"}, WhyPID1},
+		{"kthreadd", proc.Process{PID: 2, StartTime: 1, Comm: "kthreadd"}, WhyKernelThread},
+		{"kernel thread", proc.Process{PID: 77, PPID: 2, StartTime: 5, Comm: "kworker/0:1"}, WhyKernelThread},
+		{"unknown identity", proc.Process{PID: 77}, WhyIdentityUnknown},
+		{"self", proc.Process{PID: 9000, PPID: 1, PGID: 1, SID: 1, StartTime: 5, Cmdline: "x"}, WhySelf},
+		{"own group", proc.Process{PID: 9005, PPID: 1, PGID: 9000, SID: 1, StartTime: 5, Cmdline: "x"}, WhyOwnGroup},
+		{"own session", proc.Process{PID: 9005, PPID: 1, PGID: 9005, SID: 8999, StartTime: 5, Cmdline: "x"}, WhyOwnSession},
+		{"zombie", func() proc.Process { p := pr(201, 1, 100, "python3"); p.State = "Z"; return p }(), WhyZombie},
+		{"protected prefix", pr(201, 1, 100, "sshd-session"), WhyProtected},
+		{"protected, truncated", pr(201, 1, 100, "nvidia-persiste"), WhyProtected},
+		{"case-sensitive", pr(201, 1, 100, "SSHD"), ""},
+		{"default list not used when set", pr(201, 1, 100, "Xorg"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := cfg.Excludes(tc.p); got != tc.want {
+				t.Errorf("Excludes = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if got := (Config{Self: self}).Excludes(pr(201, 1, 100, "Xorg")); got != WhyProtected {
+		t.Errorf("nil Protected should mean DefaultProtected; Xorg got %q", got)
+	}
+}
+
+func TestMatchComm(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, comm string
+		want          bool
+	}{
+		{"Xorg", "Xorg", true},
+		{"Xorg", "Xorg2", false},
+		{"Xorg", "xorg", false},
+		{"systemd*", "systemd", true},
+		{"systemd*", "systemd-journal", true},
+		{"systemd*", "system", false},
+		{"containerd*", "containerd-shim", true},
+		{"nvidia-persistenced", "nvidia-persiste", true},
+		{"nvidia-persistenced", "nvidia-persist", false},
+		{"gpu-orphan*", "gpu-orphan-expo", true},
+		{"nvidia-cuda-mps-control-x*", "nvidia-cuda-mps", true},
+		{"", "", false},
+		{"*", "anything", true},
+	} {
+		if got := matchComm(tc.pattern, tc.comm); got != tc.want {
+			t.Errorf("matchComm(%q, %q) = %v, want %v", tc.pattern, tc.comm, got, tc.want)
+		}
+	}
+	for _, name := range []string{"nvidia-persistenced", "nv-hostengine", "dcgm", "dcgmi", "dcgm-exporter", "nvidia-smi", "Xorg",
+		"Xwayland", "gdm", "sshd", "kubelet", "containerd", "containerd-shim-runc-v2", "dockerd", "docker", "runc", "crio",
+		"conmon", "systemd", "systemd-journald", "init", "gpu-orphan", "gpu-orphan-remediator", "nvidia-cuda-mps-server"} {
+		comm := name[:min(len(name), commLen)]
+		if _, ok := protected(comm, DefaultProtected); !ok {
+			t.Errorf("%s (comm %q) is not protected by default", name, comm)
+		}
+	}
+}

@@ -1,0 +1,263 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"text/template"
+	"time"
+
+	amtemplate "github.com/prometheus/alertmanager/template"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+)
+
+// DispatchConfig configures the fleet dispatcher.
+type DispatchConfig struct {
+	// URLTemplate builds a node agent's base URL from {{.Node}}, e.g.
+	// "https://{{.Node}}:9836". Used for nodes the targets file lacks.
+	URLTemplate string
+	// Targets maps node names to base URLs (from --dispatch.targets-file).
+	Targets map[string]string
+	// Token is sent as a bearer token to node agents.
+	Token     string
+	Client    *http.Client
+	Fleet     *limits.Fleet
+	NodeLabel string
+	// MaxAttempts bounds retries to an unreachable agent before the action
+	// is recorded as failed (it is never dropped silently).
+	MaxAttempts int
+	Metrics     *remediate.Metrics
+	Logger      *slog.Logger
+}
+
+// Dispatcher forwards each alert to the agent of the node it names.
+type Dispatcher struct {
+	cfg  DispatchConfig
+	tmpl *template.Template
+
+	mu       sync.Mutex
+	attempts map[string]int
+	seen     map[string]bool
+}
+
+// NewDispatcher validates cfg and returns a Dispatcher.
+func NewDispatcher(cfg DispatchConfig) (*Dispatcher, error) {
+	if cfg.URLTemplate == "" && len(cfg.Targets) == 0 {
+		return nil, fmt.Errorf("the dispatcher needs --dispatch.url-template, --dispatch.targets-file, or both")
+	}
+	d := &Dispatcher{cfg: cfg, attempts: map[string]int{}, seen: map[string]bool{}}
+	if cfg.URLTemplate != "" {
+		t, err := template.New("url").Option("missingkey=error").Parse(cfg.URLTemplate)
+		if err != nil {
+			return nil, fmt.Errorf("parsing --dispatch.url-template: %w", err)
+		}
+		d.tmpl = t
+	}
+	if d.cfg.MaxAttempts <= 0 {
+		d.cfg.MaxAttempts = 8
+	}
+	if d.cfg.Client == nil {
+		d.cfg.Client = &http.Client{Timeout: 10 * time.Second}
+	}
+	if d.cfg.NodeLabel == "" {
+		d.cfg.NodeLabel = "node"
+	}
+	return d, nil
+}
+
+// LoadTargets reads a targets file: a JSON object of node name to URL.
+func LoadTargets(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the targets file: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var m map[string]string
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("parsing the targets file %s (want {\"node\": \"https://node:9836\"}): %w", path, err)
+	}
+	for node, u := range m {
+		if _, err := validURL(u); err != nil {
+			return nil, fmt.Errorf("targets file %s, node %q: %w", path, node, err)
+		}
+	}
+	return m, nil
+}
+
+// Known reports whether the dispatcher can route to node.
+func (d *Dispatcher) Known(node string) bool {
+	if _, ok := d.cfg.Targets[node]; ok {
+		return true
+	}
+	return d.tmpl != nil && validNodeName(node)
+}
+
+// validNodeName keeps label values that could rewrite a URL (paths,
+// queries, credentials, templates) out of the agent's address.
+func validNodeName(node string) bool {
+	if node == "" || len(node) > 253 {
+		return false
+	}
+	for _, r := range node {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func validURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("invalid agent URL %q: want http(s)://host:port", s)
+	}
+	return u, nil
+}
+
+func (d *Dispatcher) agentURL(node string) (string, error) {
+	base, ok := d.cfg.Targets[node]
+	if !ok {
+		if d.tmpl == nil || !validNodeName(node) {
+			return "", fmt.Errorf("no route to node %q", node)
+		}
+		var b strings.Builder
+		if err := d.tmpl.Execute(&b, struct{ Node string }{node}); err != nil {
+			return "", err
+		}
+		base = b.String()
+	}
+	u, err := validURL(base)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(u.String(), "/") + "/api/v1/alerts", nil
+}
+
+func (d *Dispatcher) knownNodes(node string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.seen[node] = true
+	n := len(d.cfg.Targets)
+	for s := range d.seen {
+		if _, ok := d.cfg.Targets[s]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// Execute implements Executor: it forwards one firing alert to its node.
+func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
+	a.Source = "dispatch"
+	target, err := d.agentURL(a.Node)
+	if err != nil {
+		a.State, a.Reason = remediate.StateSkipped, err.Error()
+		return a, 0
+	}
+	if err := d.cfg.Fleet.Allow(a.Node, d.knownNodes(a.Node)); err != nil {
+		if retry, limit, ok := limitedRetry(err, d.cfg.Metrics); ok {
+			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
+			return a, retry
+		}
+	}
+	code, body, err := d.Forward(ctx, target, a.Node, a.GPUUUID, "firing", a.AlertFingerprint, a.AlertStartsAt)
+	if err == nil && code/100 == 2 {
+		d.forget(a.ID)
+		d.cfg.Fleet.Report(a.Node, limits.Succeeded)
+		a.State, a.Reason = remediate.StateSucceeded, "forwarded to "+target+": "+strings.TrimSpace(body)
+		return a, 0
+	}
+	reason := fmt.Sprintf("node agent %s answered %d: %s", target, code, strings.TrimSpace(body))
+	if err != nil {
+		reason = fmt.Sprintf("node agent %s unreachable: %v", target, err)
+	}
+	retryable := err != nil || code/100 == 5
+	n := d.attempt(a.ID)
+	if retryable && n < d.cfg.MaxAttempts {
+		d.cfg.Logger.Warn("Forwarding failed; will retry", "action", a.ID, "node", a.Node, "attempt", n, "err", reason)
+		a.State, a.Reason = remediate.StateQueued, "retrying: "+reason
+		return a, time.Duration(1<<min(n, 6)) * time.Second
+	}
+	d.forget(a.ID)
+	d.cfg.Fleet.Report(a.Node, limits.Failed)
+	d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
+	a.State, a.Reason = remediate.StateFailed, reason
+	return a, 0
+}
+
+func (d *Dispatcher) attempt(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.attempts[id]++
+	return d.attempts[id]
+}
+
+func (d *Dispatcher) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.attempts, id)
+}
+
+// ForwardResolved tells a node's agent that an alert resolved, so it can
+// cancel queued work. It is best effort: the agent's fresh snapshot is the
+// real safeguard.
+func (d *Dispatcher) ForwardResolved(ctx context.Context, node, gpuUUID, fingerprint string, startsAt time.Time) {
+	target, err := d.agentURL(node)
+	if err != nil {
+		return
+	}
+	if _, _, err := d.Forward(ctx, target, node, gpuUUID, "resolved", fingerprint, startsAt); err != nil {
+		d.cfg.Logger.Warn("Forwarding a resolved alert failed", "node", node, "err", err)
+	}
+}
+
+// Forward posts a one-alert webhook payload (version 4) to a node agent,
+// keeping the alert's fingerprint and startsAt so the agent stays
+// idempotent across dispatcher retries.
+func (d *Dispatcher) Forward(ctx context.Context, target, node, gpuUUID, status, fingerprint string, startsAt time.Time) (int, string, error) {
+	alert := amtemplate.Alert{
+		Status:      status,
+		Labels:      amtemplate.KV{d.cfg.NodeLabel: node, "uuid": gpuUUID, "alertname": "GPUOrphanMemory"},
+		Annotations: amtemplate.KV{},
+		StartsAt:    startsAt,
+		Fingerprint: fingerprint,
+	}
+	msg := intake.Message{
+		Data: &amtemplate.Data{
+			Receiver: "gpu-orphan-dispatcher", Status: status, Alerts: amtemplate.Alerts{alert},
+			GroupLabels: amtemplate.KV{}, CommonLabels: alert.Labels, CommonAnnotations: amtemplate.KV{},
+		},
+		Version: intake.SupportedVersion, GroupKey: "gpu-orphan-dispatcher/" + node,
+	}
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return 0, "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if d.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+d.cfg.Token)
+	}
+	resp, err := d.cfg.Client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(b), nil
+}

@@ -1,0 +1,211 @@
+// Package engine works through the store's queue of actions: it claims
+// each one, hands it to an Executor (the node's cleanup, or the
+// dispatcher's forwarding) and records what happened.
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// Executor carries out one claimed action. It fills in the action and
+// returns it; a result in state queued is put back on the queue and tried
+// again after retryAfter (held back by a limit, or the problem is still
+// too young).
+type Executor interface {
+	Execute(ctx context.Context, a remediate.Action) (result remediate.Action, retryAfter time.Duration)
+}
+
+// Engine runs the queue.
+type Engine struct {
+	store   *store.Store
+	exec    Executor
+	workers int
+	metrics *remediate.Metrics
+	logger  *slog.Logger
+
+	wake chan struct{}
+
+	mu        sync.Mutex
+	inflight  map[string]bool
+	notBefore map[string]time.Time
+	storeErr  error
+}
+
+// New returns an Engine. workers bounds concurrent executions; the
+// limiter's own cap still applies inside.
+func New(st *store.Store, exec Executor, workers int, m *remediate.Metrics, logger *slog.Logger) *Engine {
+	if workers <= 0 {
+		workers = 4
+	}
+	return &Engine{store: st, exec: exec, workers: workers, metrics: m, logger: logger,
+		wake: make(chan struct{}, 1), inflight: map[string]bool{}, notBefore: map[string]time.Time{}}
+}
+
+// Wake asks the engine to look at the queue now.
+func (e *Engine) Wake() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Recover marks actions that a previous run left running as interrupted.
+// They are never resumed: a cleanup half done is not repeated blindly.
+func (e *Engine) Recover(ctx context.Context) error {
+	interrupted, err := e.store.MarkInterrupted(ctx)
+	if err != nil {
+		return err
+	}
+	for _, a := range interrupted {
+		e.metrics.Actions.WithLabelValues(remediate.StateInterrupted).Inc()
+		e.logger.Warn("Action was interrupted by a restart; it will not be repeated", "action", a.ID, "gpu", a.GPUUUID, "node", a.Node)
+	}
+	return nil
+}
+
+// StoreErr is the last error the store gave when asked to prove it can
+// write; nil when healthy.
+func (e *Engine) StoreErr() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.storeErr
+}
+
+// Run works the queue until ctx ends, then waits for running actions.
+func (e *Engine) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, e.workers)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		e.round(ctx, &wg, sem)
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+func (e *Engine) round(ctx context.Context, wg *sync.WaitGroup, sem chan struct{}) {
+	// Refuse to act without a record: prove the store can write first.
+	err := e.store.Ping(ctx)
+	e.mu.Lock()
+	changed := (err == nil) != (e.storeErr == nil)
+	e.storeErr = err
+	e.mu.Unlock()
+	if err != nil {
+		e.metrics.StoreUp.Set(0)
+		if changed {
+			e.logger.Error("Audit store cannot be written: refusing to act until it recovers", "err", err)
+		}
+		return
+	}
+	e.metrics.StoreUp.Set(1)
+	if changed {
+		e.logger.Info("Audit store writable again: acting resumes")
+	}
+	queued, err := e.store.Queued(ctx)
+	if err != nil {
+		e.logger.Error("Reading the queue failed", "err", err)
+		return
+	}
+	e.metrics.QueueDepth.Set(float64(len(queued)))
+	now := time.Now()
+	for _, a := range queued {
+		e.mu.Lock()
+		skip := e.inflight[a.ID] || now.Before(e.notBefore[a.ID])
+		if !skip {
+			e.inflight[a.ID] = true
+		}
+		e.mu.Unlock()
+		if skip {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			e.done(a.ID, 0)
+			return
+		}
+		wg.Add(1)
+		go func(id string) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			e.done(id, e.process(ctx, id))
+		}(a.ID)
+	}
+}
+
+func (e *Engine) done(id string, retryAfter time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.inflight, id)
+	if retryAfter > 0 {
+		e.notBefore[id] = time.Now().Add(retryAfter)
+	} else {
+		delete(e.notBefore, id)
+	}
+}
+
+// process claims one action and executes it; it returns how long to wait
+// before trying it again, or 0 when it is finished.
+func (e *Engine) process(ctx context.Context, id string) time.Duration {
+	a, ok, err := e.store.Claim(ctx, id)
+	if err != nil {
+		e.logger.Error("Claiming an action failed", "action", id, "err", err)
+		return 5 * time.Second
+	}
+	if !ok {
+		return 0 // cancelled by a resolved alert, or finished elsewhere
+	}
+	result, retryAfter := e.exec.Execute(ctx, a)
+	if errors.Is(ctx.Err(), context.Canceled) && result.State == remediate.StateRunning {
+		// Shutting down mid-action: leave it running so the next start
+		// marks it interrupted rather than repeating it.
+		return 0
+	}
+	if result.State == remediate.StateQueued {
+		if err := e.store.Update(ctx, result); err != nil {
+			e.logger.Error("Putting an action back on the queue failed", "action", id, "err", err)
+		}
+		return max(retryAfter, 500*time.Millisecond)
+	}
+	if result.FinishedAt == nil {
+		now := time.Now()
+		result.FinishedAt = &now
+	}
+	if err := e.store.Update(ctx, result); err != nil {
+		e.logger.Error("Recording an action's result failed", "action", id, "err", err)
+	}
+	e.metrics.Actions.WithLabelValues(result.State).Inc()
+	e.metrics.LastAction.WithLabelValues(result.State).Set(float64(result.FinishedAt.UnixNano()) / 1e9)
+	e.logger.Info("Action finished", "action", result.ID, "node", result.Node, "gpu", result.GPUUUID,
+		"state", result.State, "reason", result.Reason, "freed_mib", result.FreedBytes>>20, "targets", len(result.Targets))
+	return 0
+}
+
+// limitedRetry turns a *limits.Limited into a retry delay, counting it.
+func limitedRetry(err error, m *remediate.Metrics) (time.Duration, string, bool) {
+	var l *limits.Limited
+	if !errors.As(err, &l) {
+		return 0, "", false
+	}
+	m.Limited.WithLabelValues(l.Limit).Inc()
+	if l.RetryAfter <= 0 {
+		// No estimate (a slot frees when work ends; a breaker waits for a
+		// human): look again now and then.
+		return 5 * time.Second, l.Limit, true
+	}
+	return max(l.RetryAfter, time.Second), l.Limit, true
+}

@@ -1,0 +1,295 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+)
+
+// EventRecorder receives an action's progress as it happens; the store
+// implements it, and the CLI prints instead.
+type EventRecorder interface {
+	Update(ctx context.Context, a remediate.Action) error
+	AddEvent(ctx context.Context, actionID, kind string, detail any) error
+}
+
+// NodeConfig configures cleanup on this node.
+type NodeConfig struct {
+	Loop   *snapshot.Loop
+	Proc   proc.FS
+	Decide decide.Config
+	Ladder *kill.Ladder
+	// Limiter may be nil (the CLI acts by hand, unlimited).
+	Limiter *limits.Limiter
+	// Act is false for a dry run: the plan is recorded, nothing is signalled.
+	Act bool
+	// VerifyTimeout bounds the wait for memory to come back.
+	VerifyTimeout time.Duration
+	// MaxWait bounds how long a too-young problem is kept queued.
+	MaxWait  time.Duration
+	Recorder EventRecorder
+	Metrics  *remediate.Metrics
+	Logger   *slog.Logger
+}
+
+// Node cleans up GPUs of this node.
+type Node struct{ cfg NodeConfig }
+
+// NewNode returns a Node executor.
+func NewNode(cfg NodeConfig) *Node {
+	if cfg.VerifyTimeout <= 0 {
+		cfg.VerifyTimeout = 30 * time.Second
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 2*cfg.Decide.MinAge + time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Node{cfg: cfg}
+}
+
+// Plan takes a fresh snapshot and decides. The alert is only a trigger:
+// this snapshot is the evidence.
+func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
+	s := n.cfg.Loop.Refresh(ctx, true)
+	return decide.Decide(s, gpuID, n.cfg.Decide, decide.ProcGroups{FS: n.cfg.Proc}, time.Now())
+}
+
+// Execute implements Executor.
+func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
+	plan := n.Plan(ctx, a.GPUUUID)
+	applyPlan(&a, plan, n.cfg.Act)
+	n.cfg.Logger.Info("Plan", "action", a.ID, "gpu", a.GPUUUID, "policy", a.Policy, "act", plan.Act,
+		"skip_reason", plan.SkipReason, "targets", targetSummary(a.Targets), "dry_run", a.DryRun)
+
+	if !plan.Act {
+		if plan.SkipReason == decide.SkipTooYoung && time.Since(a.StartedAt) < n.cfg.MaxWait {
+			a.State, a.Reason = remediate.StateQueued, "waiting: "+plan.SkipReason
+			return a, n.cfg.Decide.MinAge / 4
+		}
+		a.State, a.Reason = remediate.StateSkipped, plan.SkipReason
+		return a, 0
+	}
+	var permit limits.Permit // the zero Permit's Done is a no-op
+	if n.cfg.Limiter != nil {
+		p, err := n.cfg.Limiter.Acquire(a.GPUUUID)
+		if retry, limit, ok := limitedRetry(err, n.cfg.Metrics); ok {
+			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
+			n.cfg.Logger.Info("Held back by a limit", "action", a.ID, "limit", limit, "retry_after", retry)
+			return a, retry
+		} else if err != nil {
+			a.State, a.Reason = remediate.StateFailed, "limiter: "+err.Error()
+			return a, 0
+		}
+		permit = p
+	}
+	if !n.cfg.Act {
+		a.State = remediate.StateDryRun
+		a.Reason = "dry run: start with --act to signal the targets"
+		permit.Done(limits.NoSignals)
+		return a, 0
+	}
+	a = n.Act(ctx, a, plan)
+	if a.State == remediate.StateSucceeded {
+		permit.Done(limits.Succeeded)
+	} else {
+		permit.Done(limits.Failed)
+	}
+	return a, 0
+}
+
+// Act runs the kill ladder on the plan's targets and verifies that the
+// memory came back. The plan is recorded before the first signal.
+func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) remediate.Action {
+	a.State = remediate.StateRunning
+	if err := n.record(ctx, a, "plan", plan); err != nil {
+		a.State, a.Reason = remediate.StateFailed, "refused to act: the plan could not be recorded: "+err.Error()
+		return a
+	}
+	ladder := *n.cfg.Ladder
+	firstSignal := time.Time{}
+	ladder.OnSignal = func(pid int, sig unix.Signal) {
+		if firstSignal.IsZero() {
+			firstSignal = time.Now()
+		}
+		name := unix.SignalName(sig)
+		if n.cfg.Metrics != nil {
+			n.cfg.Metrics.Signals.WithLabelValues(name).Inc()
+		}
+		n.cfg.Logger.Info("Signal sent", "action", a.ID, "pid", pid, "signal", name)
+		if n.cfg.Recorder != nil {
+			if err := n.cfg.Recorder.AddEvent(ctx, a.ID, "signal", map[string]any{"pid": pid, "signal": name}); err != nil {
+				n.cfg.Logger.Error("Recording a signal failed", "action", a.ID, "err", err)
+			}
+		}
+	}
+	a.Targets = ladder.Kill(ctx, a.Targets)
+	if firstSignal.IsZero() {
+		firstSignal = time.Now()
+	}
+	after, g, back := n.verify(ctx, a.GPUUUID)
+	now := time.Now()
+	a.After = after
+	a.FinishedAt = &now
+	a.VerifySeconds = now.Sub(firstSignal).Seconds()
+	if a.Before != nil && after != nil && a.Before.UsedBytes > after.UsedBytes {
+		a.FreedBytes = a.Before.UsedBytes - after.UsedBytes
+	}
+	if back {
+		a.State = remediate.StateSucceeded
+		if n.cfg.Metrics != nil {
+			n.cfg.Metrics.FreedBytes.Add(float64(a.FreedBytes))
+			n.cfg.Metrics.ActionDuration.Observe(now.Sub(a.StartedAt).Seconds())
+		}
+	} else {
+		a.State = remediate.StateFailed
+		a.Reason = "memory did not come back within " + n.cfg.VerifyTimeout.String()
+		a.Leftover = n.leftovers(a, g)
+		a.NextStep = nextStep(a)
+	}
+	n.record(ctx, a, "verify", map[string]any{"state": a.State, "freed_bytes": a.FreedBytes, "seconds": a.VerifySeconds})
+	return a
+}
+
+func (n *Node) record(ctx context.Context, a remediate.Action, kind string, detail any) error {
+	if n.cfg.Recorder == nil {
+		return nil
+	}
+	if err := n.cfg.Recorder.Update(ctx, a); err != nil {
+		return err
+	}
+	return n.cfg.Recorder.AddEvent(ctx, a.ID, kind, detail)
+}
+
+// verify polls fresh snapshots until the GPU shows no memory without a
+// live owner above the threshold, or the timeout passes.
+func (n *Node) verify(ctx context.Context, gpuUUID string) (*remediate.MemoryEvidence, snapshot.GPU, bool) {
+	deadline := time.Now().Add(n.cfg.VerifyTimeout)
+	var last snapshot.GPU
+	var ev *remediate.MemoryEvidence
+	for {
+		s := n.cfg.Loop.Refresh(ctx, true)
+		if g, ok := s.GPUByID(gpuUUID); ok && g.Accountable() {
+			last = g
+			ev = Evidence(g, s.Taken)
+			if g.UnownedBytes <= n.cfg.Decide.MinBytes && !g.DeadOwnerListed() && !hasOrphaned(g, n.cfg.Decide.Policy) {
+				return ev, g, true
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return ev, last, false
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func hasOrphaned(g snapshot.GPU, policy string) bool {
+	if policy != remediate.PolicyOrphaned {
+		return false
+	}
+	return slices.ContainsFunc(g.Suspects, func(h snapshot.Holder) bool { return h.Reason == snapshot.ReasonOrphaned })
+}
+
+// leftovers names what still holds the memory after a failed cleanup.
+func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftover {
+	var out []remediate.Leftover
+	for _, t := range a.Targets {
+		if t.Outcome != "still_alive" {
+			continue
+		}
+		kind, detail := "alive", "survived SIGKILL"
+		if p, err := n.cfg.Proc.Process(t.PID); err == nil {
+			switch {
+			case p.State == "D":
+				kind, detail = "d_state", "in uninterruptible sleep (D): it acts on SIGKILL only when its kernel call returns"
+			case p.Zombie():
+				kind, detail = "zombie", "a zombie whose parent has not reaped it"
+			}
+		}
+		out = append(out, remediate.Leftover{PID: t.PID, Kind: kind, Detail: detail})
+	}
+	for _, pid := range g.HolderPIDs {
+		if slices.ContainsFunc(a.Targets, func(t remediate.Target) bool { return t.PID == pid }) {
+			continue
+		}
+		why := "holds the device node and was not a target"
+		for _, e := range a.Excluded {
+			if e.PID == pid {
+				why = "excluded: " + e.Why
+			}
+		}
+		out = append(out, remediate.Leftover{PID: pid, Kind: "protected", Detail: why})
+	}
+	if len(out) == 0 {
+		out = append(out, remediate.Leftover{Kind: "driver",
+			Detail: "no process visible in this PID namespace holds the GPU: the memory is held by a process in another PID namespace or by the driver itself"})
+	}
+	return out
+}
+
+func nextStep(a remediate.Action) string {
+	for _, l := range a.Leftover {
+		if l.Kind == "d_state" {
+			return "a process is stuck in the kernel: drain the node, then reboot it or reset the GPU (nvidia-smi --gpu-reset -i " + strconv.Itoa(a.GPUIndex) + ")"
+		}
+	}
+	return "confirm with `gpu-orphan ps`; if nothing visible holds the GPU, drain the node and reset the GPU (nvidia-smi --gpu-reset -i " + strconv.Itoa(a.GPUIndex) + ")"
+}
+
+// applyPlan copies the plan's evidence and targets into the action.
+func applyPlan(a *remediate.Action, p decide.Plan, act bool) {
+	a.Policy = p.Policy
+	a.GPUIndex = p.GPUIndex
+	if p.GPUUUID != "" {
+		a.GPUUUID = p.GPUUUID
+	}
+	before := p.Before
+	a.Before = &before
+	a.Targets = p.Targets
+	a.Excluded = p.Excluded
+	a.DryRun = !act
+}
+
+// Evidence records a GPU's memory at one moment.
+func Evidence(g snapshot.GPU, at time.Time) *remediate.MemoryEvidence {
+	ev := &remediate.MemoryEvidence{
+		At: at, UsedBytes: g.Memory.Used, OwnedLiveBytes: g.OwnedLiveBytes, OwnedDeadBytes: g.OwnedDeadBytes,
+		UnownedBytes: g.UnownedBytes, HolderPIDs: g.HolderPIDs,
+	}
+	if !g.UnownedSince.IsZero() {
+		ev.UnownedAgeSeconds = at.Sub(g.UnownedSince).Seconds()
+	}
+	for _, o := range g.Owners {
+		if !o.Alive {
+			ev.DeadOwnerPIDs = append(ev.DeadOwnerPIDs, o.PID)
+		}
+	}
+	return ev
+}
+
+func targetSummary(ts []remediate.Target) string {
+	s := ""
+	for i, t := range ts {
+		if i > 0 {
+			s += " "
+		}
+		s += fmt.Sprintf("%d(%s)", t.PID, t.Comm)
+	}
+	return s
+}

@@ -1,0 +1,164 @@
+package intake
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+// Auth checks callers: a bearer token compared in constant time, or a
+// client certificate verified by the TLS layer (--web.config.file).
+// Repeated failures from one source are rate-limited.
+type Auth struct {
+	tokenSum [32]byte
+	hasToken bool
+	insecure bool
+
+	failRate  rate.Limit
+	failBurst int
+	mu        sync.Mutex
+	failures  map[string]*rate.Limiter
+	lastSweep time.Time
+
+	metrics *remediate.Metrics
+	logger  *slog.Logger
+}
+
+// AuthConfig configures Auth.
+type AuthConfig struct {
+	// TokenFile holds the bearer token. Empty means none.
+	TokenFile string
+	// InsecureNone allows requests with no authentication at all.
+	InsecureNone bool
+	// FailuresPerMinute and FailureBurst bound wrong tokens per source.
+	FailuresPerMinute float64
+	FailureBurst      int
+}
+
+// NewAuth reads the token file. Without a token, callers must present a
+// verified client certificate, unless InsecureNone is set.
+func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, error) {
+	a := &Auth{insecure: cfg.InsecureNone, failures: map[string]*rate.Limiter{}, metrics: m, logger: logger}
+	a.failRate = rate.Limit(cfg.FailuresPerMinute / 60)
+	a.failBurst = cfg.FailureBurst
+	if a.failBurst <= 0 {
+		a.failBurst = 5
+	}
+	if cfg.FailuresPerMinute <= 0 {
+		a.failRate = rate.Limit(10.0 / 60)
+	}
+	if cfg.TokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading --auth.token-file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if len(tok) < 16 {
+			return nil, fmt.Errorf("the token in %s is %d characters long: use at least 16 (for example: head -c 32 /dev/urandom | base64)", cfg.TokenFile, len(tok))
+		}
+		a.tokenSum, a.hasToken = sha256.Sum256([]byte(tok)), true
+	}
+	return a, nil
+}
+
+// Wrap admits authenticated requests to next. A missing or wrong token
+// gets 401; a source that keeps failing gets 429 (final for Alertmanager).
+func (a *Auth) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.insecure || a.clientCertOK(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		source := sourceOf(r)
+		if a.blocked(source) {
+			a.metrics.Requests.WithLabelValues("429").Inc()
+			httpError(w, http.StatusTooManyRequests, "too many failed authentication attempts from %s; try again later", source)
+			return
+		}
+		if a.tokenOK(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		a.metrics.AuthFailures.Inc()
+		a.metrics.Requests.WithLabelValues("401").Inc()
+		a.recordFailure(source)
+		a.logger.Warn("Rejected unauthenticated request", "source", source, "path", r.URL.Path)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="gpu-orphan-remediator"`)
+		httpError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+	})
+}
+
+func (a *Auth) clientCertOK(r *http.Request) bool {
+	return r.TLS != nil && len(r.TLS.VerifiedChains) > 0
+}
+
+func (a *Auth) tokenOK(r *http.Request) bool {
+	if !a.hasToken {
+		return false
+	}
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return false
+	}
+	// Hashing first makes the comparison constant-time in the length too.
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	return subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) == 1
+}
+
+// blocked reports whether source has used up its failure budget, without
+// spending any of it.
+func (a *Auth) blocked(source string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.failures[source]
+	return ok && l.Tokens() < 1
+}
+
+func (a *Auth) recordFailure(source string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	if now.Sub(a.lastSweep) > 10*time.Minute {
+		// Forget sources whose budget is full again, so the map stays small.
+		for k, l := range a.failures {
+			if l.TokensAt(now) >= float64(a.failBurst) {
+				delete(a.failures, k)
+			}
+		}
+		a.lastSweep = now
+	}
+	l, ok := a.failures[source]
+	if !ok {
+		l = rate.NewLimiter(a.failRate, a.failBurst)
+		a.failures[source] = l
+	}
+	l.AllowN(now, 1)
+}
+
+func sourceOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// httpError writes a plain-text error that says what was wrong.
+func httpError(w http.ResponseWriter, code int, format string, args ...any) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, format+"\n", args...)
+}

@@ -1,0 +1,123 @@
+package intake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// Recorder durably records a notification; the store implements it.
+type Recorder interface {
+	RecordNotification(ctx context.Context, n store.Notification) ([]store.AlertOutcome, error)
+}
+
+// Classifier decides whether an alert is work for this receiver. It
+// returns the alert's node and GPU, and why it is ignored when it is not a
+// candidate.
+type Classifier func(labels map[string]string) (node, gpuUUID, ignoreReason string)
+
+// Config configures the webhook handler.
+type Config struct {
+	Recorder Recorder
+	Classify Classifier
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	MaxBodyBytes int64
+	// Wake is called after alerts were accepted or resolved, to start work.
+	Wake    func()
+	Metrics *remediate.Metrics
+	Logger  *slog.Logger
+}
+
+// Handler serves POST /api/v1/alerts.
+type Handler struct{ cfg Config }
+
+// NewHandler returns the webhook handler.
+func NewHandler(cfg Config) *Handler {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.Wake == nil {
+		cfg.Wake = func() {}
+	}
+	return &Handler{cfg: cfg}
+}
+
+// Reply is the body of a successful intake.
+type Reply struct {
+	Received int                  `json:"received"`
+	Results  map[string]int       `json:"results"`
+	Alerts   []store.AlertOutcome `json:"alerts"`
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	code, err := h.serve(w, r)
+	h.cfg.Metrics.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	if err != nil {
+		h.cfg.Logger.Warn("Rejected webhook request", "code", code, "source", sourceOf(r), "err", err)
+		httpError(w, code, "%v", err)
+	}
+}
+
+// serve returns the status code, and an error to report when it is not 2xx.
+// 4xx are final for Alertmanager; 5xx only when a retry could help.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (int, error) {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		return http.StatusUnsupportedMediaType, errors.New("Content-Type must be application/json")
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return http.StatusRequestEntityTooLarge, errors.New("payload larger than " + strconv.FormatInt(h.cfg.MaxBodyBytes, 10) + " bytes")
+		}
+		return http.StatusBadRequest, errors.New("reading the body: " + err.Error())
+	}
+	msg, err := ParseMessage(body)
+	if err != nil {
+		h.cfg.Metrics.Notifications.WithLabelValues("rejected").Inc()
+		return http.StatusBadRequest, err
+	}
+
+	n := store.Notification{
+		ReceivedAt: time.Now(), Remote: sourceOf(r), Receiver: msg.Receiver,
+		GroupKey: msg.GroupKey, Status: msg.Status,
+	}
+	for _, a := range msg.Alerts {
+		node, uuid, ignore := h.cfg.Classify(a.Labels)
+		n.Alerts = append(n.Alerts, store.Alert{
+			Fingerprint: a.Fingerprint, StartsAt: a.StartsAt, EndsAt: a.EndsAt, Status: a.Status,
+			Node: node, GPUUUID: uuid, Labels: a.Labels, Candidate: ignore == "", IgnoreReason: ignore,
+		})
+	}
+	outcomes, err := h.cfg.Recorder.RecordNotification(r.Context(), n)
+	if err != nil {
+		// Nothing was recorded: Alertmanager should try again.
+		return http.StatusServiceUnavailable, errors.New("could not record the notification durably: " + err.Error())
+	}
+
+	reply := Reply{Received: len(outcomes), Results: map[string]int{}, Alerts: outcomes}
+	wake := false
+	for _, o := range outcomes {
+		reply.Results[o.Result]++
+		h.cfg.Metrics.Notifications.WithLabelValues(o.Result).Inc()
+		wake = wake || o.Result == "accepted" || o.Result == "resolved"
+	}
+	h.cfg.Logger.Info("Notification recorded", "source", n.Remote, "receiver", n.Receiver, "alerts", len(outcomes), "results", reply.Results)
+	if wake {
+		h.cfg.Wake()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	json.NewEncoder(w).Encode(reply)
+	return http.StatusOK, nil
+}

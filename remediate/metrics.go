@@ -1,0 +1,66 @@
+package remediate
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the remediator's own instruments, shared by intake, the
+// engine and the dispatcher. Names are listed in docs/metrics.md.
+type Metrics struct {
+	Notifications  *prometheus.CounterVec
+	Requests       *prometheus.CounterVec
+	AuthFailures   prometheus.Counter
+	Actions        *prometheus.CounterVec
+	FreedBytes     prometheus.Counter
+	ActionDuration prometheus.Histogram
+	Signals        *prometheus.CounterVec
+	Limited        *prometheus.CounterVec
+	BreakerOpen    prometheus.Gauge
+	QueueDepth     prometheus.Gauge
+	StoreUp        prometheus.Gauge
+	LastAction     *prometheus.GaugeVec
+}
+
+// NewMetrics creates the instruments and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "gpu_orphan", "remediator"
+	m := &Metrics{
+		Notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "notifications_total",
+			Help: "Alerts received, by result: accepted, duplicate, ignored, resolved, rejected."}, []string{"result"}),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
+			Help: "Webhook requests by HTTP status code."}, []string{"code"}),
+		AuthFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "auth_failures_total",
+			Help: "Requests with a missing or wrong token."}),
+		Actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "actions_total",
+			Help: "Finished actions by state: dry_run, succeeded, failed, skipped, interrupted."}, []string{"state"}),
+		FreedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "freed_bytes_total",
+			Help: "GPU memory verified back after cleanups."}),
+		ActionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "action_duration_seconds",
+			Help: "Time from the start of an action to its verification.", Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120}}),
+		Signals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "signals_total",
+			Help: "Signals sent, through pidfds."}, []string{"signal"}),
+		Limited: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "limited_total",
+			Help: "Work held back by a limit: cooldown, node_rate, concurrency, breaker, fleet_rate, store."}, []string{"limit"}),
+		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_open",
+			Help: "1 while the circuit breaker is open: no acting until POST /api/v1/breaker/reset."}),
+		QueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_depth",
+			Help: "Alerts recorded but not yet acted on."}),
+		StoreUp: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "store_up",
+			Help: "1 if the audit store accepts writes; 0 if not (the remediator then refuses to act)."}),
+		LastAction: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "last_action_timestamp_seconds",
+			Help: "When the last action with that state finished."}, []string{"state"}),
+	}
+	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
+		m.Notifications.WithLabelValues(r)
+	}
+	for _, s := range []string{StateDryRun, StateSucceeded, StateFailed, StateSkipped, StateInterrupted} {
+		m.Actions.WithLabelValues(s)
+	}
+	for _, s := range []string{"SIGTERM", "SIGKILL"} {
+		m.Signals.WithLabelValues(s)
+	}
+	for _, l := range []string{"cooldown", "node_rate", "concurrency", "breaker", "fleet_rate", "store"} {
+		m.Limited.WithLabelValues(l)
+	}
+	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.ActionDuration,
+		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction)
+	return m
+}

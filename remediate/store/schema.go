@@ -1,0 +1,156 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations[i] takes the schema from version i to i+1 (PRAGMA
+// user_version). Append; never edit a released step.
+var migrations = []string{
+	// 1: the initial schema. Times are UTC text in timeLayout, which sorts
+	// like the instants it names.
+	`
+CREATE TABLE actions (
+	id                TEXT PRIMARY KEY,
+	node              TEXT NOT NULL,
+	gpu_uuid          TEXT NOT NULL,
+	gpu_index         INTEGER NOT NULL,
+	policy            TEXT NOT NULL,
+	state             TEXT NOT NULL,
+	reason            TEXT NOT NULL,
+	dry_run           INTEGER NOT NULL,
+	alert_fingerprint TEXT NOT NULL,
+	alert_starts_at   TEXT NOT NULL,
+	source            TEXT NOT NULL,
+	freed_bytes       INTEGER NOT NULL,
+	started_at        TEXT NOT NULL,
+	finished_at       TEXT,
+	verify_seconds    REAL NOT NULL,
+	before_json       TEXT NOT NULL,
+	after_json        TEXT NOT NULL,
+	targets_json      TEXT NOT NULL,
+	excluded_json     TEXT NOT NULL,
+	leftover_json     TEXT NOT NULL,
+	next_step         TEXT NOT NULL
+);
+CREATE INDEX actions_state ON actions(state, started_at);
+CREATE INDEX actions_started ON actions(started_at);
+CREATE INDEX actions_node ON actions(node, started_at);
+CREATE INDEX actions_gpu ON actions(gpu_uuid);
+
+CREATE TABLE notifications (
+	id          INTEGER PRIMARY KEY,
+	received_at TEXT NOT NULL,
+	remote      TEXT NOT NULL,
+	receiver    TEXT NOT NULL,
+	group_key   TEXT NOT NULL,
+	status      TEXT NOT NULL,
+	alerts      INTEGER NOT NULL
+);
+
+-- One row per alert instance: Alertmanager's idempotency key is
+-- (fingerprint, startsAt). The UNIQUE key is what stops two concurrent
+-- deliveries from creating two actions.
+CREATE TABLE alerts (
+	fingerprint   TEXT NOT NULL,
+	starts_at     TEXT NOT NULL,
+	ends_at       TEXT NOT NULL,
+	status        TEXT NOT NULL,
+	node          TEXT NOT NULL,
+	gpu_uuid      TEXT NOT NULL,
+	labels_json   TEXT NOT NULL,
+	candidate     INTEGER NOT NULL,
+	ignore_reason TEXT NOT NULL,
+	action_id     TEXT REFERENCES actions(id) DEFERRABLE INITIALLY DEFERRED,
+	first_seen    TEXT NOT NULL,
+	last_seen     TEXT NOT NULL,
+	resolved_at   TEXT,
+	copies        INTEGER NOT NULL,
+	duplicates    INTEGER NOT NULL,
+	PRIMARY KEY (fingerprint, starts_at)
+);
+CREATE INDEX alerts_action ON alerts(action_id);
+
+-- Every delivery of every alert, with what we made of it.
+CREATE TABLE deliveries (
+	notification_id INTEGER NOT NULL REFERENCES notifications(id),
+	fingerprint     TEXT NOT NULL,
+	starts_at       TEXT NOT NULL,
+	status          TEXT NOT NULL,
+	result          TEXT NOT NULL,
+	action_id       TEXT,
+	FOREIGN KEY (fingerprint, starts_at) REFERENCES alerts(fingerprint, starts_at)
+);
+CREATE INDEX deliveries_notification ON deliveries(notification_id);
+CREATE INDEX deliveries_alert ON deliveries(fingerprint, starts_at);
+
+CREATE TABLE events (
+	id        INTEGER PRIMARY KEY,
+	action_id TEXT NOT NULL REFERENCES actions(id),
+	at        TEXT NOT NULL,
+	kind      TEXT NOT NULL,
+	detail    TEXT NOT NULL
+);
+CREATE INDEX events_action ON events(action_id, id);
+
+CREATE TABLE breaker (
+	id     INTEGER PRIMARY KEY CHECK (id = 1),
+	open   INTEGER NOT NULL,
+	reason TEXT NOT NULL,
+	at     TEXT NOT NULL
+);
+
+CREATE TABLE heartbeat (
+	id    INTEGER PRIMARY KEY CHECK (id = 1),
+	at    TEXT NOT NULL,
+	beats INTEGER NOT NULL
+);
+
+CREATE TABLE counters (
+	name  TEXT PRIMARY KEY,
+	value INTEGER NOT NULL
+);
+`,
+}
+
+// SchemaVersion is the schema version this package writes.
+var SchemaVersion = len(migrations)
+
+// migrate applies the missing migrations, each in its own transaction with
+// its version bump, so a crash leaves the file at a known version. The
+// version is read inside the write transaction: two processes opening a
+// new file at once do not both migrate it.
+func (s *Store) migrate(ctx context.Context) error {
+	for {
+		done := false
+		err := s.withTx(ctx, func(tx *sql.Tx) error {
+			var v int
+			if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+				return fmt.Errorf("reading schema version: %w", err)
+			}
+			if v > len(migrations) {
+				return fmt.Errorf("schema version %d is newer than this binary's %d: refusing to touch it", v, len(migrations))
+			}
+			if v == len(migrations) {
+				done = true
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+				return fmt.Errorf("migrating schema to version %d: %w", v+1, err)
+			}
+			// PRAGMA takes no bound parameters.
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
+				return fmt.Errorf("setting schema version %d: %w", v+1, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,245 @@
+// Package store is the remediator's durable audit log and work queue: every
+// notification, every alert's fate, every action with its plan, evidence
+// and result, and the circuit breaker's state. It is one SQLite file in WAL
+// mode with synchronous=FULL, so a decision is on disk before the webhook
+// is acknowledged or a signal is sent.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// BusyTimeout is how long a write waits for another connection (the CLI on
+// the same file) to release the lock before it fails.
+const BusyTimeout = 5 * time.Second
+
+// ErrNotFound is returned when an action does not exist.
+var ErrNotFound = errors.New("no such action")
+
+// ErrNoRoom is returned by Ping when the store could not grow to record the
+// next decisions.
+var ErrNoRoom = errors.New("store has no room for new records")
+
+// Store is the audit log and work queue. It is safe for concurrent use.
+type Store struct {
+	db   *sql.DB
+	path string
+	ids  idSource
+}
+
+// Open opens (creating if needed) the store at path and migrates its
+// schema. The path's directory must exist and be writable.
+func Open(ctx context.Context, path string) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("store path %q: %w", path, err)
+	}
+	if err := checkDir(filepath.Dir(abs)); err != nil {
+		return nil, err
+	}
+
+	// Pragmas go in the DSN so that a connection the pool replaces gets
+	// them too. _txlock=immediate takes the write lock at BEGIN: a
+	// deferred transaction that upgrades later can fail with SQLITE_BUSY
+	// without waiting on busy_timeout.
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Set("_txlock", "immediate")
+	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" + q.Encode()
+
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	// SQLite has one writer at a time anyway; one connection makes the
+	// per-connection pragmas (and test-only limits) apply to every call.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+
+	s := &Store{db: db, path: abs}
+	if err := s.init(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	return s, nil
+}
+
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store directory %s does not exist: %w", dir, err)
+	}
+	if err != nil {
+		return fmt.Errorf("store directory %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("store directory %s is not a directory", dir)
+	}
+	// Creating a file is the only test that holds for root, read-only
+	// mounts and ACLs alike; SQLite also needs to create -wal and -shm here.
+	f, err := os.CreateTemp(dir, ".gpu-orphan-store-probe-*")
+	if err != nil {
+		return fmt.Errorf("store directory %s is not writable: %w", dir, err)
+	}
+	name := f.Name()
+	f.Close()
+	if err := os.Remove(name); err != nil {
+		return fmt.Errorf("store directory %s: removing probe file: %w", dir, err)
+	}
+	return nil
+}
+
+// init checks that the pragmas took effect and migrates the schema.
+func (s *Store) init(ctx context.Context) error {
+	var mode string
+	if err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("reading journal_mode: %w", err)
+	}
+	if mode != "wal" {
+		// WAL needs shared memory; some network file systems refuse it.
+		return fmt.Errorf("journal_mode is %q, not wal: is the store on a local file system?", mode)
+	}
+	var sync int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+		return fmt.Errorf("reading synchronous: %w", err)
+	}
+	if sync != 2 {
+		return fmt.Errorf("synchronous is %d, want 2 (FULL)", sync)
+	}
+	return s.migrate(ctx)
+}
+
+// Path is the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the database. WAL contents are checkpointed by SQLite when
+// the last connection closes.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("closing store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// withTx runs fn in one write transaction and commits it. After an error
+// the transaction is rolled back; SQLite may already have done so itself
+// (SQLITE_FULL), which makes the rollback's own error meaningless.
+func (s *Store) withTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
+}
+
+// Ping proves the store accepts durable writes: it updates a heartbeat row
+// (a real, fsynced commit) and checks there is room to grow. The remediator
+// refuses to act while Ping fails, because it could not record what it did.
+func (s *Store) Ping(ctx context.Context) error {
+	now := formatTime(time.Now())
+	err := s.withTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO heartbeat(id, at, beats) VALUES (1, ?, 1)
+			ON CONFLICT(id) DO UPDATE SET at = excluded.at, beats = beats + 1`, now)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store %s does not accept writes: %w", s.path, err)
+	}
+	return s.checkRoom(ctx)
+}
+
+// minFreePages is the headroom Ping wants inside the database's size limit:
+// an update in place fits in existing pages, but new actions do not.
+const minFreePages = 64
+
+// minFreeBytes is the free space Ping wants on the file system, for the WAL
+// to grow before a checkpoint.
+const minFreeBytes = 1 << 20
+
+func (s *Store) checkRoom(ctx context.Context) error {
+	var pages, free, maxPages int64
+	err := s.db.QueryRowContext(ctx,
+		`SELECT p.page_count, f.freelist_count, m.max_page_count
+		 FROM pragma_page_count() p, pragma_freelist_count() f, pragma_max_page_count() m`).Scan(&pages, &free, &maxPages)
+	if err != nil {
+		return fmt.Errorf("store %s: reading its size: %w", s.path, err)
+	}
+	if room := maxPages - pages + free; room < minFreePages {
+		return fmt.Errorf("store %s: %w: %d free pages below its limit of %d", s.path, ErrNoRoom, room, maxPages)
+	}
+	avail, err := freeBytes(filepath.Dir(s.path))
+	if err != nil {
+		return fmt.Errorf("store %s: %w", s.path, err)
+	}
+	if avail < minFreeBytes {
+		return fmt.Errorf("store %s: %w: %d bytes free on its file system", s.path, ErrNoRoom, avail)
+	}
+	return nil
+}
+
+// SetBreaker records the circuit breaker's state so that it survives a
+// restart: an open breaker stays open until a human resets it.
+func (s *Store) SetBreaker(ctx context.Context, open bool, reason string, at time.Time) error {
+	err := s.withTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO breaker(id, open, reason, at) VALUES (1, ?, ?, ?)
+			ON CONFLICT(id) DO UPDATE SET open = excluded.open, reason = excluded.reason, at = excluded.at`,
+			open, reason, formatTime(at))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("recording breaker state: %w", err)
+	}
+	return nil
+}
+
+// Breaker returns the recorded breaker state; closed with a zero time when
+// none was ever recorded.
+func (s *Store) Breaker(ctx context.Context) (open bool, reason string, at time.Time, err error) {
+	var ts string
+	err = s.db.QueryRowContext(ctx, `SELECT open, reason, at FROM breaker WHERE id = 1`).Scan(&open, &reason, &ts)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, "", time.Time{}, nil
+	}
+	if err != nil {
+		return false, "", time.Time{}, fmt.Errorf("reading breaker state: %w", err)
+	}
+	if at, err = parseTime(ts); err != nil {
+		return false, "", time.Time{}, fmt.Errorf("reading breaker state: %w", err)
+	}
+	return open, reason, at, nil
+}
+
+// Duplicates is how many alert deliveries were duplicates of one already
+// recorded (HA replicas, retries), since the store was created.
+func (s *Store) Duplicates(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, `SELECT value FROM counters WHERE name = 'duplicates'`).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading duplicates counter: %w", err)
+	}
+	return n, nil
+}

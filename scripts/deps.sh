@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what the tests and `make run` need beyond Go modules: Debian's
+# prometheus (promtool) and prometheus-alertmanager (amtool).
+set -euo pipefail
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v fuser >/dev/null || missing+=(psmisc)
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]} (Debian packages)"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+# policy-rc.d keeps the packages from starting their own daemons.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod +x /usr/sbin/policy-rc.d
+  trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+command -v promtool alertmanager
