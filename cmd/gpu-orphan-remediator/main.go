@@ -157,7 +157,7 @@ func serve(f *flags, logger *slog.Logger) error {
 		exec, breaker = node, limiter
 		classify = nodeClassifier(*f.nodeLabel, *f.uuidLabel, *f.nodeName, loop)
 		ready = func() error {
-			if loop.Latest() == nil || !loop.Latest().Healthy() {
+			if s := loop.loop.Latest(); s == nil || !s.Healthy() {
 				return errors.New("no healthy snapshot of the GPUs yet")
 			}
 			return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
@@ -65,10 +66,12 @@ func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metri
 		}
 	}
 
+	decideCfg := f.remediation.DecideConfig()
 	node := engine.NewNode(engine.NodeConfig{
 		Loop: loop, Proc: fs,
-		Decide:  f.remediation.DecideConfig(),
-		Ladder:  &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger},
+		Decide: decideCfg,
+		Ladder: &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger,
+			Groups: decide.ProcGroups{FS: fs}, Exclude: decideCfg.Excludes},
 		Limiter: limiter, Act: *f.remediation.Act, VerifyTimeout: *f.remediation.VerifyTimeout,
 		Recorder: st, Metrics: m, Logger: logger,
 	})

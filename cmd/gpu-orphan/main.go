@@ -28,6 +28,11 @@ func run(args []string) int {
 	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
 	psOutput := ps.Flag("output", "Output format: table or json.").Short('o').Default("table").Enum("table", "json")
 
+	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts.")
+	cleanGPU := clean.Flag("gpu", "The GPU: its index or UUID.").Required().String()
+	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path).").String()
+	cleanFlags := cli.AddCleanFlags(clean)
+
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
@@ -37,6 +42,8 @@ func run(args []string) int {
 	switch cmd {
 	case ps.FullCommand():
 		return runPS(logger, backend, *psOutput)
+	case clean.FullCommand():
+		return runClean(logger, backend, cleanFlags, *cleanGPU, *cleanStore)
 	}
 	return 2
 }

@@ -1,12 +1,8 @@
 package cli
 
 import (
-	"os"
 	"slices"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -56,14 +52,6 @@ func (r *Remediation) DecideConfig() decide.Config {
 		MinAge:    *r.MinAge,
 		MinBytes:  *r.MinBytes,
 		Protected: append(slices.Clone(decide.DefaultProtected), *r.Protected...),
-		Self:      decide.Self{PID: os.Getpid(), PGID: syscall.Getpgrp(), SID: getsid()},
+		Self:      decide.CurrentSelf(),
 	}
-}
-
-func getsid() int {
-	sid, err := unix.Getsid(0)
-	if err != nil {
-		return os.Getpid()
-	}
-	return sid
 }

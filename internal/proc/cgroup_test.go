@@ -15,7 +15,7 @@ func TestParseContainer(t *testing.T) {
 		us  = "1b4e28ba_2fa1_11d2_883f_0016d3cca427" // as systemd escapes it
 	)
 	tests := []struct {
-		name, path      string
+		name, path     string
 		container, pod string
 	}{
 		{"root", "/", "", ""},

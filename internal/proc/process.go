@@ -125,7 +125,7 @@ func formatCmdline(b []byte) string {
 		for i > 0 && !utf8.RuneStart(s[i]) {
 			i--
 		}
-		s = strings.TrimRight(s[:i], " ")
+		s = strings.TrimSpace(s[:i])
 	}
 	return s
 }

@@ -162,11 +162,17 @@ func startChild(dev, ctx *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	if ignoreSIGTERM {
 		args = append(args, IgnoreSIGTERMFlag)
 	}
-	// /proc/self/exe works even when the binary was replaced on disk.
-	// Stdio goes to /dev/null: a child holding its parent's output pipes
-	// would keep whoever reads them waiting long after the parent died.
+	// The binary's own path gives the children its name (comm), as forked
+	// workers keep their parent's; /proc/self/exe is the fallback when the
+	// binary was replaced on disk. Stdio goes to /dev/null: a child holding
+	// its parent's output pipes would keep whoever reads them waiting long
+	// after the parent died.
+	self, err := os.Executable()
+	if err != nil {
+		self = "/proc/self/exe"
+	}
 	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
+		Path:       self,
 		Args:       args,
 		ExtraFiles: []*os.File{dev, ctx, wr}, // childDevFD, childContextFD, childReadyFD
 	}

@@ -68,8 +68,8 @@ type Ladder struct {
 	Logger   *slog.Logger
 
 	// Groups, when set, re-lists the process group of each WholeGroup
-	// target once after SIGTERM, so that members forked after the plan are
-	// killed too (decide.ProcGroups).
+	// target once after SIGTERM reached it, so that members forked after
+	// the plan are killed too (decide.ProcGroups).
 	Groups decide.GroupLister
 	// Exclude says why a late group member must not be touched, or "".
 	// Nil means decide.Config{}.Excludes: the fixed rules and the default

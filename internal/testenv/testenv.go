@@ -1,0 +1,200 @@
+// Package testenv builds the project's binaries and runs real processes on
+// a simulated GPU node, for integration tests.
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Bin returns the path of a project binary (for example
+// "gpu-orphan-exporter"), building all of cmd/ once per test process.
+func Bin(t testing.TB, name string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := ModuleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir, buildErr = os.MkdirTemp("", "gpu-orphan-bin-")
+		if buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/...")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, name)
+}
+
+// ModuleRoot is the directory holding go.mod.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// SimNode creates a simulated node of n GPUs in a temp dir.
+func SimNode(t testing.TB, gpus int) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "node")
+	out, err := exec.Command(Bin(t, "gpu-orphan-sim"), "init", "--root", root, "--gpus", strconv.Itoa(gpus)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpu-orphan-sim init: %v\n%s", err, out)
+	}
+	return root
+}
+
+// Workload is a running `gpu-orphan-sim run`: the creator of a context and
+// its forked children.
+type Workload struct {
+	Cmd      *exec.Cmd
+	PID      int
+	Children []int
+}
+
+// StartWorkload runs a workload in its own session, as a scheduler starts
+// a job (and so that it never shares the test's session or group).
+func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra ...string) *Workload {
+	t.Helper()
+	args := append([]string{"run", "--root", root, "--gpu", strconv.Itoa(gpu), "--mib", strconv.Itoa(mib), "--children", strconv.Itoa(children)}, extra...)
+	cmd := exec.Command(Bin(t, "gpu-orphan-sim"), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &Workload{Cmd: cmd}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		for _, c := range w.Children {
+			syscall.Kill(c, syscall.SIGKILL)
+		}
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("workload never got ready: %v", err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) < 2 || fields[0] != "ready" {
+		t.Fatalf("unexpected workload line %q", line)
+	}
+	for i, f := range fields[1:] {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("bad pid in %q", line)
+		}
+		if i == 0 {
+			w.PID = pid
+		} else {
+			w.Children = append(w.Children, pid)
+		}
+	}
+	return w
+}
+
+// KillParent kills the creator with SIGKILL and reaps it, leaving the
+// children holding its context: FACTS.md's fork-orphan case.
+func (w *Workload) KillParent(t testing.TB) {
+	t.Helper()
+	if err := w.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	w.Cmd.Wait()
+}
+
+// Alive reports whether pid exists and is not a zombie.
+func Alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z'
+}
+
+// FreeAddr returns a loopback address with a free port.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Eventually polls cond every 20ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Daemon starts a long-running binary, logging to a file kept for failed
+// tests, and stops it with SIGTERM at cleanup.
+func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s log:\n%s", filepath.Base(bin), b)
+		}
+	})
+	return cmd
+}
