@@ -34,9 +34,9 @@ func forkOrphan() *snapshot.Snapshot {
 			{Name: "fdscan", Err: errors.New("boom"), Duration: 3 * time.Millisecond}},
 		GPUs: []snapshot.GPU{
 			{
-				Device: gpu.Device{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", Minor: 0},
-				Memory: gpu.Memory{Total: 143771 * gpu.MiB, Reserved: 615 * gpu.MiB, Used: 6762 * gpu.MiB, Free: (143771 - 615 - 6762) * gpu.MiB},
-				Owners: []snapshot.Owner{{PID: 5000, UsedBytes: 6754 * gpu.MiB}},
+				Device:         gpu.Device{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", Minor: 0},
+				Memory:         gpu.Memory{Total: 143771 * gpu.MiB, Reserved: 615 * gpu.MiB, Used: 6762 * gpu.MiB, Free: (143771 - 615 - 6762) * gpu.MiB},
+				Owners:         []snapshot.Owner{{PID: 5000, UsedBytes: 6754 * gpu.MiB}},
 				OwnedDeadBytes: 6754 * gpu.MiB, UnattributedBytes: 8 * gpu.MiB, UnownedBytes: 6762 * gpu.MiB,
 				Scanned: true, HolderPIDs: []int{5001},
 				Suspects:     []snapshot.Holder{{Process: child, Reason: snapshot.ReasonInheritedFromDeadOwner}},

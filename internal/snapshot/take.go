@@ -208,7 +208,7 @@ func (t *Taker) suspects(g GPU, holderPIDs []int) []Holder {
 		if !deadListed {
 			continue
 		}
-		if p, ok := t.cfg.Proc.Alive(pid); ok {
+		if p, ok := t.cfg.Proc.Alive(pid); ok && !t.belongsToLiveOwner(p, g) {
 			out = append(out, Holder{Process: p, Reason: ReasonInheritedFromDeadOwner})
 		}
 	}
@@ -221,6 +221,40 @@ func (t *Taker) suspects(g GPU, holderPIDs []int) []Holder {
 	}
 	slices.SortFunc(out, func(a, b Holder) int { return a.PID - b.PID })
 	return out
+}
+
+// belongsToLiveOwner reports whether an unlisted holder is a worker of a
+// live job on the GPU: a live listed owner is its ancestor or shares its
+// process group. Such a worker holds that owner's context, not the dead
+// one's, and must never be called a suspect.
+func (t *Taker) belongsToLiveOwner(p proc.Process, g GPU) bool {
+	live := map[int]bool{}
+	for _, o := range g.Owners {
+		if o.Alive {
+			live[int(o.PID)] = true
+			if o.Process.PGID == p.PGID {
+				return true
+			}
+		}
+	}
+	if len(live) == 0 {
+		return false
+	}
+	ppid := p.PPID
+	for range 64 { // a bounded walk up the process tree
+		if ppid <= 1 {
+			return false
+		}
+		if live[ppid] {
+			return true
+		}
+		parent, ok := t.cfg.Proc.Alive(ppid)
+		if !ok {
+			return false
+		}
+		ppid = parent.PPID
+	}
+	return false
 }
 
 // orphanedOwner reports whether any live listed owner is orphaned; that

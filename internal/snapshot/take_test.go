@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -237,6 +238,28 @@ func TestAccountingFacts(t *testing.T) {
 			}
 			return gpu0{usedMiB: 5740, procs: []nvml.ProcessInfo{listed(trainer, 5732)}},
 				want{dead: 5732, unattributed: 8, unowned: 5740, scanned: true, suspects: sus}
+		}},
+		{"a live job's forked worker is never a suspect, even beside a dead owner", func(t *testing.T, dev string) (gpu0, want) {
+			// The live owner is a shell that forked a worker holding the device.
+			live := exec.Command("sh", "-c", "sleep 300 3<"+dev+" & wait")
+			live.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			if err := live.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Kill(-live.Process.Pid, syscall.SIGKILL); live.Wait() })
+			children := fmt.Sprintf("/proc/%d/task/%d/children", live.Process.Pid, live.Process.Pid)
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if b, _ := os.ReadFile(children); len(strings.TrimSpace(string(b))) > 0 {
+					break // the worker is running
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the live owner's worker never started")
+				}
+			}
+			dead := deadPID(t)
+			c := holder(t, dev, true).Process.Pid
+			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live.Process.Pid, 4000), listed(dead, 2340)}},
+				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
 		}},
 		{"live owner and dead owner on one GPU: the live one is no suspect", func(t *testing.T, dev string) (gpu0, want) {
 			live := holder(t, dev, true).Process.Pid

@@ -617,7 +617,7 @@ func TestMatchComm(t *testing.T) {
 		{"containerd*", "containerd-shim", true},
 		{"nvidia-persistenced", "nvidia-persiste", true},
 		{"nvidia-persistenced", "nvidia-persist", false},
-		{"gpu-orphan*", "gpu-orphan-expo", true},
+		{"gpu-orphan-expo*", "gpu-orphan-expo", true},
 		{"nvidia-cuda-mps-control-x*", "nvidia-cuda-mps", true},
 		{"", "", false},
 		{"*", "anything", true},
@@ -633,5 +633,9 @@ func TestMatchComm(t *testing.T) {
 		if _, ok := protected(comm, DefaultProtected); !ok {
 			t.Errorf("%s (comm %q) is not protected by default", name, comm)
 		}
+	}
+	// The simulated trainer must stay cleanable.
+	if _, ok := protected("gpu-orphan-sim", DefaultProtected); ok {
+		t.Error("gpu-orphan-sim workloads are protected, so the simulation could never be cleaned")
 	}
 }

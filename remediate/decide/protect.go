@@ -59,8 +59,12 @@ var DefaultProtected = []string{
 	"init",
 	"dbus-daemon",
 	"dbus-broker",
-	// Ourselves: gpu-orphan, gpu-orphan-exporter, gpu-orphan-remediator.
-	"gpu-orphan*",
+	// Ourselves: gpu-orphan, gpu-orphan-exporter, gpu-orphan-remediator
+	// (comm keeps 15 bytes). Not gpu-orphan-sim: its workloads stand in for
+	// trainers and must be cleanable.
+	"gpu-orphan",
+	"gpu-orphan-expo*",
+	"gpu-orphan-reme*",
 }
 
 // protected reports the first pattern of patterns that comm matches.

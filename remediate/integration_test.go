@@ -1,0 +1,301 @@
+package remediate_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/sim"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+const token = "test-token-0123456789abcdef"
+
+// agent is one running gpu-orphan-remediator.
+type agent struct {
+	url, store, root string
+	cmd              *testingCmd
+}
+
+type testingCmd = struct{ Process *os.Process }
+
+func tokenFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startAgent starts a node agent on a simulated node; extra flags are
+// appended. storePath may be shared between restarts.
+func startAgent(t *testing.T, root, storePath string, extra ...string) (url string, stop func(sig syscall.Signal)) {
+	t.Helper()
+	addr := testenv.FreeAddr(t)
+	args := append([]string{"--backend=sim", "--sim.root=" + root, "--store.path=" + storePath,
+		"--auth.token-file=" + tokenFile(t), "--node.name=node-a", "--web.listen-address=" + addr,
+		"--collector.interval=200ms", "--remediate.min-age=500ms", "--remediate.grace=1s",
+		"--remediate.verify-timeout=10s", "--log.level=debug"}, extra...)
+	cmd := testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), args...)
+	url = "http://" + addr
+	testenv.Eventually(t, 15*time.Second, "the remediator to be ready", func() bool {
+		resp, err := http.Get(url + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return url, func(sig syscall.Signal) {
+		cmd.Process.Signal(sig)
+		cmd.Wait()
+	}
+}
+
+func gpuUUID(t *testing.T, root string, index int) string {
+	t.Helper()
+	n, err := sim.Load(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.GPUs[index].UUID
+}
+
+// alert builds one Alertmanager alert as JSON-ready data.
+func alert(status, node, uuid, fingerprint string, startsAt time.Time) map[string]any {
+	return map[string]any{
+		"status":       status,
+		"labels":       map[string]string{"alertname": "GPUOrphanMemory", "node": node, "uuid": uuid, "gpu": "1", "severity": "warning"},
+		"annotations":  map[string]string{"summary": "orphan"},
+		"startsAt":     startsAt.Format(time.RFC3339Nano),
+		"endsAt":       "0001-01-01T00:00:00Z",
+		"generatorURL": "http://prometheus/graph",
+		"fingerprint":  fingerprint,
+	}
+}
+
+func payload(alerts ...map[string]any) []byte {
+	status := "resolved"
+	for _, a := range alerts {
+		if a["status"] == "firing" {
+			status = "firing"
+		}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"version": "4", "groupKey": "{}:{alertname=\"GPUOrphanMemory\"}", "truncatedAlerts": 0,
+		"status": status, "receiver": "gpu-orphan", "groupLabels": map[string]string{"alertname": "GPUOrphanMemory"},
+		"commonLabels": map[string]string{}, "commonAnnotations": map[string]string{}, "externalURL": "http://alertmanager",
+		"alerts": alerts,
+	})
+	return b
+}
+
+func post(t *testing.T, url, tok string, body []byte) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/api/v1/alerts", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("post: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func actions(t *testing.T, url string) []remediate.Action {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url+"/api/v1/actions", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET actions: %d %s", resp.StatusCode, b)
+	}
+	var out []remediate.Action
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// finished waits until an action reaches a final state and returns it.
+func finished(t *testing.T, url string, timeout time.Duration) remediate.Action {
+	t.Helper()
+	var got remediate.Action
+	testenv.Eventually(t, timeout, "an action to finish", func() bool {
+		for _, a := range actions(t, url) {
+			if a.State != remediate.StateQueued && a.State != remediate.StateRunning {
+				got = a
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+func usedMiB(t *testing.T, root string, gpu int) uint64 {
+	t.Helper()
+	d, err := sim.NewDriver(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := d.Read(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs[gpu].Memory.Used >> 20
+}
+
+func fp(i int) string { return fmt.Sprintf("%016x", 0xabc000+i) }
+
+// TestWebhookCleansForkOrphan: the fork-orphan case cleaned through the
+// webhook, with the memory verified back, and what must not be touched
+// left alone.
+func TestWebhookCleansForkOrphan(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	uuid := gpuUUID(t, root, 1)
+	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
+	bystander := testenv.StartWorkload(t, root, 1, 1024, 1) // owns live memory on the same GPU
+	orphan.KillParent(t)
+
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
+	if code, body := post(t, url, "", payload(alert("firing", "node-a", uuid, fp(1), time.Now()))); code != http.StatusUnauthorized {
+		t.Fatalf("no token: %d %s", code, body)
+	}
+	received := time.Now()
+	if code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(1), time.Now().Add(-time.Minute)))); code != http.StatusOK {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	a := finished(t, url, 30*time.Second)
+	t.Logf("webhook to memory verified back: %s", time.Since(received).Round(time.Millisecond))
+	if a.State != remediate.StateSucceeded {
+		t.Fatalf("action %s: %s (%+v)", a.State, a.Reason, a)
+	}
+	if a.FreedBytes != (6144+8)<<20 {
+		t.Errorf("freed %d MiB, want 6152", a.FreedBytes>>20)
+	}
+	if a.Before == nil || a.After == nil || a.Before.UnownedBytes < 6144<<20 || a.After.UnownedBytes > 256<<20 {
+		t.Errorf("evidence before=%+v after=%+v", a.Before, a.After)
+	}
+	if len(a.Targets) != 2 {
+		t.Fatalf("targets %+v, want the two children", a.Targets)
+	}
+	for _, tg := range a.Targets {
+		// The children ignore SIGTERM: SIGKILL after the grace period.
+		if tg.Outcome != "exited_after_sigkill" || tg.PGID != orphan.PID || tg.StartTime == 0 {
+			t.Errorf("target %d: outcome %s pgid %d start %d signals %v", tg.PID, tg.Outcome, tg.PGID, tg.StartTime, tg.Signals)
+		}
+		if testenv.Alive(tg.PID) {
+			t.Errorf("target %d still alive", tg.PID)
+		}
+	}
+	if !testenv.Alive(bystander.PID) || !testenv.Alive(bystander.Children[0]) {
+		t.Fatal("the workload that owns live memory was touched")
+	}
+	if got := usedMiB(t, root, 1); got != 1024+8 {
+		t.Errorf("GPU 1 used %d MiB after cleanup, want the bystander's 1032", got)
+	}
+}
+
+// TestDuplicatesActOnce: retries and HA replicas send copies; exactly one
+// action results, and a resolved alert cancels queued work.
+func TestDuplicatesActOnce(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	uuid := gpuUUID(t, root, 1)
+	w := testenv.StartWorkload(t, root, 1, 2048, 1)
+	w.KillParent(t)
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"))
+
+	startsAt := time.Now().Add(-time.Minute)
+	body := payload(alert("firing", "node-a", uuid, fp(2), startsAt))
+	done := make(chan int, 9)
+	for range 9 { // three replicas, three retries each
+		go func() {
+			code, _ := post(t, url, token, body)
+			done <- code
+		}()
+	}
+	for range 9 {
+		if code := <-done; code != http.StatusOK {
+			t.Fatalf("copy answered %d", code)
+		}
+	}
+	a := finished(t, url, 20*time.Second)
+	if a.State != remediate.StateDryRun || len(a.Targets) != 1 || a.Targets[0].PID != w.Children[0] {
+		t.Fatalf("dry run plan: %+v", a)
+	}
+	if n := len(actions(t, url)); n != 1 {
+		t.Fatalf("%d actions for one alert, want 1", n)
+	}
+	if !testenv.Alive(w.Children[0]) {
+		t.Fatal("a dry run killed a process")
+	}
+	// Another node's alert, and an unknown GPU, are recorded as ignored.
+	code, resp := post(t, url, token, payload(alert("firing", "node-b", uuid, fp(3), startsAt), alert("firing", "node-a", "GPU-../../etc", fp(4), startsAt)))
+	if code != http.StatusOK || !bytes.Contains([]byte(resp), []byte(`"ignored": 2`)) {
+		t.Fatalf("foreign alerts: %d %s", code, resp)
+	}
+	if n := len(actions(t, url)); n != 1 {
+		t.Fatalf("ignored alerts created actions: %d", n)
+	}
+}
+
+// TestRestartMidCleanup: a remediator killed with -9 in the middle of a
+// cleanup loses nothing and repeats nothing.
+func TestRestartMidCleanup(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	uuid := gpuUUID(t, root, 1)
+	w := testenv.StartWorkload(t, root, 1, 2048, 2, "--ignore-sigterm")
+	w.KillParent(t)
+	storePath := filepath.Join(t.TempDir(), "r.db")
+	// A long grace keeps the ladder waiting between SIGTERM and SIGKILL.
+	url, stop := startAgent(t, root, storePath, "--act", "--remediate.grace=30s")
+	if code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(5), time.Now().Add(-time.Minute)))); code != http.StatusOK {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	testenv.Eventually(t, 15*time.Second, "the action to be running", func() bool {
+		as := actions(t, url)
+		return len(as) == 1 && as[0].State == remediate.StateRunning && len(as[0].Targets) == 2
+	})
+	stop(syscall.SIGKILL)
+
+	url, _ = startAgent(t, root, storePath, "--act", "--remediate.grace=30s")
+	as := actions(t, url)
+	if len(as) != 1 || as[0].State != remediate.StateInterrupted {
+		t.Fatalf("after restart: %+v", as)
+	}
+	// The same alert again (Alertmanager's repeat): a duplicate, no new action.
+	code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(5), time.Now().Add(-time.Minute))))
+	if code != http.StatusOK || !bytes.Contains([]byte(body), []byte(`"duplicate": 1`)) {
+		t.Fatalf("repeat: %d %s", code, body)
+	}
+	time.Sleep(time.Second)
+	if as := actions(t, url); len(as) != 1 {
+		t.Fatalf("a repeat after restart created another action: %d", len(as))
+	}
+	for _, c := range w.Children {
+		if !testenv.Alive(c) {
+			t.Errorf("child %d died: SIGTERM is ignored, and SIGKILL must not come after the restart", c)
+		}
+	}
+	_ = strconv.Itoa
+}
