@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -190,6 +191,41 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 	return rs[gpu].Memory.Used >> 20
 }
 
+// protectedHolder runs a process named nv-hostengine (a copy of sleep)
+// that holds GPU gpu's device node, in a session of its own.
+func protectedHolder(t *testing.T, root string, gpu int) int {
+	t.Helper()
+	n, err := sim.Load(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "nv-hostengine")
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := os.Open(n.DevicePath(n.GPUs[gpu].Minor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	cmd := exec.Command(bin, "300")
+	cmd.ExtraFiles = []*os.File{dev}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd.Process.Pid
+}
+
 func fp(i int) string { return fmt.Sprintf("%016x", 0xabc000+i) }
 
 // TestWebhookCleansForkOrphan: the fork-orphan case cleaned through the
@@ -200,6 +236,7 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 	uuid := gpuUUID(t, root, 1)
 	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
 	bystander := testenv.StartWorkload(t, root, 1, 1024, 1) // owns live memory on the same GPU
+	protected := protectedHolder(t, root, 1)                 // DCGM's host engine holding the device node
 	orphan.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
@@ -235,6 +272,12 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 	}
 	if !testenv.Alive(bystander.PID) || !testenv.Alive(bystander.Children[0]) {
 		t.Fatal("the workload that owns live memory was touched")
+	}
+	if !testenv.Alive(protected) {
+		t.Fatal("a protected process (nv-hostengine) was touched")
+	}
+	if !slices.ContainsFunc(a.Excluded, func(e remediate.Exclusion) bool { return e.PID == protected && e.Why == "protected" }) {
+		t.Errorf("the protected holder is not recorded as excluded: %+v", a.Excluded)
 	}
 	if got := usedMiB(t, root, 1); got != 1024+8 {
 		t.Errorf("GPU 1 used %d MiB after cleanup, want the bystander's 1032", got)

@@ -107,9 +107,10 @@ func (a *Auth) tokenOK(r *http.Request) bool {
 	if !a.hasToken {
 		return false
 	}
-	h := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 9110, section 11.1), and
+	// Alertmanager sends whatever its http_config's authorization.type says.
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	// Hashing first makes the comparison constant-time in the length too.
