@@ -270,6 +270,15 @@ type amAlert struct {
 	} `json:"receivers"`
 }
 
+func (a amAlert) sentTo(receiver string) bool {
+	for _, r := range a.Receivers {
+		if r.Name == receiver {
+			return true
+		}
+	}
+	return false
+}
+
 func amAlerts(base string) ([]amAlert, error) {
 	var r []amAlert
 	err := getJSON(base+"/api/v2/alerts", "", &r)

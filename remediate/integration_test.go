@@ -192,7 +192,7 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 }
 
 // protectedHolder runs a process named nv-hostengine (a copy of sleep)
-// that holds GPU gpu's device node, in a session of its own.
+// that holds GPU gpu's device node and the UVM node, in a session of its own.
 func protectedHolder(t *testing.T, root string, gpu int) int {
 	t.Helper()
 	n, err := sim.Load(root)
@@ -211,13 +211,16 @@ func protectedHolder(t *testing.T, root string, gpu int) int {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := os.Open(n.DevicePath(n.GPUs[gpu].Minor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
 	cmd := exec.Command(bin, "300")
-	cmd.ExtraFiles = []*os.File{dev}
+	// Both nodes, as a CUDA process holds them: a suspect but for its name.
+	for _, p := range []string{n.DevicePath(n.GPUs[gpu].Minor), n.UVMPath()} {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

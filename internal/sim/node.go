@@ -125,8 +125,12 @@ func InitWithOptions(root string, opts InitOptions) error {
 			return fmt.Errorf("sim: %w", err)
 		}
 	}
+	nodes := []string{n.UVMPath()}
 	for _, g := range n.GPUs {
-		f, err := os.OpenFile(n.DevicePath(g.Minor), os.O_CREATE|os.O_RDWR, 0o666)
+		nodes = append(nodes, n.DevicePath(g.Minor))
+	}
+	for _, p := range nodes {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o666)
 		if err != nil {
 			return fmt.Errorf("sim: creating device node: %w", err)
 		}
@@ -242,6 +246,10 @@ func (n *Node) GPU(index int) (GPU, error) {
 	}
 	return n.GPUs[index], nil
 }
+
+// UVMPath is the simulated /dev/nvidia-uvm, which every workload (and each
+// child it forks) holds, as CUDA processes do.
+func (n *Node) UVMPath() string { return filepath.Join(n.Root, devDir, "nvidia-uvm") }
 
 // DevicePath is the simulated /dev/nvidia<minor>.
 func (n *Node) DevicePath(minor int) string {

@@ -52,6 +52,7 @@ const (
 	childDevFD = 3 + iota
 	childContextFD
 	childReadyFD
+	childUVMFD
 )
 
 // childReadyTimeout bounds how long StartWorkload waits for a child to say
@@ -68,7 +69,7 @@ type Workload struct {
 	ChildPIDs []int
 	Context   Context
 
-	dev, ctx *os.File
+	dev, ctx, uvm *os.File
 }
 
 // StartWorkload creates a context of cfg.MiB on cfg.GPU in this process and
@@ -103,14 +104,20 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: opening device node: %w", err)
 	}
+	w.uvm, err = os.OpenFile(n.UVMPath(), os.O_RDWR, 0)
+	if err != nil {
+		w.dev.Close()
+		return nil, fmt.Errorf("sim: opening %s (a node made by an older gpu-orphan-sim? init --force): %w", n.UVMPath(), err)
+	}
 	w.Context = Context{GPU: g.Index, PID: w.PID, StartTime: st.StartTime, UsedBytes: cfg.MiB * gpu.MiB}
 	w.ctx, err = allocate(n, g, cfg.MiB, &w.Context)
 	if err != nil {
 		w.dev.Close()
+		w.uvm.Close()
 		return nil, err
 	}
 	for range cfg.Children {
-		cmd, err := startChild(w.dev, w.ctx, cfg.IgnoreSIGTERM)
+		cmd, err := startChild(w.dev, w.ctx, w.uvm, cfg.IgnoreSIGTERM)
 		if err != nil {
 			w.kill()
 			return nil, err
@@ -152,7 +159,7 @@ func allocate(n *Node, g GPU, mib uint64, c *Context) (*os.File, error) {
 
 // startChild starts one child and waits until it has set up its signals,
 // so that a SIGTERM sent right after StartWorkload returns finds them set.
-func startChild(dev, ctx *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
+func startChild(dev, ctx, uvm *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
@@ -174,7 +181,7 @@ func startChild(dev, ctx *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	cmd := &exec.Cmd{
 		Path:       self,
 		Args:       args,
-		ExtraFiles: []*os.File{dev, ctx, wr}, // childDevFD, childContextFD, childReadyFD
+		ExtraFiles: []*os.File{dev, ctx, wr, uvm}, // childDevFD, childContextFD, childReadyFD, childUVMFD
 	}
 	err = cmd.Start()
 	wr.Close()
@@ -234,7 +241,7 @@ func (w *Workload) Hold(ctx context.Context) error {
 // Close closes this process's descriptors. The context lives on while the
 // children hold theirs.
 func (w *Workload) Close() error {
-	return errors.Join(w.ctx.Close(), w.dev.Close())
+	return errors.Join(w.ctx.Close(), w.dev.Close(), w.uvm.Close())
 }
 
 // RunChild is the body of a child: it checks the inherited descriptors,
@@ -244,7 +251,7 @@ func RunChild(ignoreSIGTERM bool) error {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	var st unix.Stat_t
-	for _, fd := range []int{childDevFD, childContextFD, childReadyFD} {
+	for _, fd := range []int{childDevFD, childContextFD, childReadyFD, childUVMFD} {
 		if err := unix.Fstat(fd, &st); err != nil {
 			return fmt.Errorf("sim: child: inherited descriptor %d: %w (run only by gpu-orphan-sim run)", fd, err)
 		}

@@ -168,9 +168,13 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 	if len(want) == 0 {
 		return false, nil
 	}
-	paths := make([]string, 0, len(want))
+	paths := make([]string, 0, len(want)+1)
 	for p := range want {
 		paths = append(paths, p)
+	}
+	uvm := t.cfg.Driver.UVMPath()
+	if uvm != "" {
+		paths = append(paths, uvm)
 	}
 	holders, err := t.cfg.Proc.Holders(paths)
 	if err != nil {
@@ -184,14 +188,18 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 			g := &s.GPUs[i]
 			g.Scanned = true
 			g.HolderPIDs = pids
-			g.Suspects = t.suspects(*g, pids)
+			g.Suspects = t.suspects(*g, pids, holders[uvm], uvm != "")
 		}
 	}
 	return true, nil
 }
 
 // suspects applies the two rules of a suspect holder.
-func (t *Taker) suspects(g GPU, holderPIDs []int) []Holder {
+//
+// An unlisted holder must also hold the UVM node (when the driver has one):
+// that is what a CUDA context's descriptors include and what NVML-only
+// tools (nvidia-smi, DCGM, monitoring agents, this exporter) lack.
+func (t *Taker) suspects(g GPU, holderPIDs, uvmPIDs []int, needUVM bool) []Holder {
 	var out []Holder
 	listed := map[int]Owner{}
 	for _, o := range g.Owners {
@@ -205,7 +213,7 @@ func (t *Taker) suspects(g GPU, holderPIDs []int) []Holder {
 			}
 			continue
 		}
-		if !deadListed {
+		if !deadListed || (needUVM && !slices.Contains(uvmPIDs, pid)) {
 			continue
 		}
 		if p, ok := t.cfg.Proc.Alive(pid); ok && !t.belongsToLiveOwner(p, g) {

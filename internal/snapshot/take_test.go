@@ -36,6 +36,8 @@ func (d testDriver) DevicePath(minor int) string {
 	return filepath.Join(d.devDir, "nvidia"+strconv.Itoa(minor))
 }
 
+func (d testDriver) UVMPath() string { return filepath.Join(d.devDir, "nvidia-uvm") }
+
 func (d testDriver) PIDNamespace() string {
 	if d.pidNS != "" {
 		return d.pidNS
@@ -72,8 +74,8 @@ func newDriver(t *testing.T, g gpu0) testDriver {
 		d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	}
 	dir := t.TempDir()
-	for i := range 8 {
-		if err := os.WriteFile(filepath.Join(dir, "nvidia"+strconv.Itoa(i)), nil, 0o600); err != nil {
+	for _, name := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4", "nvidia5", "nvidia6", "nvidia7", "nvidia-uvm"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -85,17 +87,27 @@ func listed(pid int, usedMiB uint64) nvml.ProcessInfo {
 }
 
 // holder starts a real process that holds path open (as an inherited
-// descriptor) and, with setsid, leads its own session.
+// descriptor) and, with setsid, leads its own session. A CUDA process holds
+// the UVM node beside the GPU's, so holder holds both.
 func holder(t *testing.T, path string, setsid bool) *exec.Cmd {
 	t.Helper()
+	if path == "" {
+		return holderOf(t, setsid)
+	}
+	return holderOf(t, setsid, path, filepath.Join(filepath.Dir(path), "nvidia-uvm"))
+}
+
+// holderOf starts a process holding exactly paths.
+func holderOf(t *testing.T, setsid bool, paths ...string) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command("sleep", "300")
-	if path != "" {
+	for _, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		cmd.ExtraFiles = []*os.File{f}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
 	if err := cmd.Start(); err != nil {
@@ -241,7 +253,8 @@ func TestAccountingFacts(t *testing.T) {
 		}},
 		{"a live job's forked worker is never a suspect, even beside a dead owner", func(t *testing.T, dev string) (gpu0, want) {
 			// The live owner is a shell that forked a worker holding the device.
-			live := exec.Command("sh", "-c", "sleep 300 3<"+dev+" & wait")
+			uvm := filepath.Join(filepath.Dir(dev), "nvidia-uvm")
+			live := exec.Command("sh", "-c", "sleep 300 3<"+dev+" 4<"+uvm+" & wait")
 			live.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 			if err := live.Start(); err != nil {
 				t.Fatal(err)
@@ -260,6 +273,13 @@ func TestAccountingFacts(t *testing.T) {
 			c := holder(t, dev, true).Process.Pid
 			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live.Process.Pid, 4000), listed(dead, 2340)}},
 				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+		}},
+		{"an NVML-only holder (no UVM node: nvidia-smi, DCGM) is never a suspect", func(t *testing.T, dev string) (gpu0, want) {
+			p := deadPID(t)
+			holderOf(t, true, dev) // holds /dev/nvidia0 only, as NVML does
+			c := holder(t, dev, false).Process.Pid
+			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
 		}},
 		{"live owner and dead owner on one GPU: the live one is no suspect", func(t *testing.T, dev string) (gpu0, want) {
 			live := holder(t, dev, true).Process.Pid

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -440,4 +441,36 @@ func FuzzParseMessage(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestFuzzSeeds keeps the seed corpus honest: seeds named valid-* are
+// accepted and every other seed is rejected.
+func TestFuzzSeeds(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzParseMessage", "*"))
+	if err != nil || len(files) < 5 {
+		t.Fatalf("%d seed files (%v), want a handful", len(files), err)
+	}
+	for _, path := range files {
+		name := filepath.Base(path)
+		t.Run(name, func(t *testing.T) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			header, value, ok := strings.Cut(strings.TrimSpace(string(b)), "\n")
+			quoted, ok2 := strings.CutPrefix(value, "[]byte(")
+			quoted, ok3 := strings.CutSuffix(quoted, ")")
+			if header != "go test fuzz v1" || !ok || !ok2 || !ok3 {
+				t.Fatalf("not a go test fuzz v1 file with one []byte value:\n%s", b)
+			}
+			body, err := strconv.Unquote(quoted)
+			if err != nil {
+				t.Fatalf("unquoting the value: %v", err)
+			}
+			_, err = ParseMessage([]byte(body))
+			if valid := strings.HasPrefix(name, "valid-"); valid != (err == nil) {
+				t.Errorf("ParseMessage: %v; want it to accept only seeds named valid-*", err)
+			}
+		})
+	}
 }
