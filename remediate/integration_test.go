@@ -239,7 +239,7 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 	uuid := gpuUUID(t, root, 1)
 	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
 	bystander := testenv.StartWorkload(t, root, 1, 1024, 1) // owns live memory on the same GPU
-	protected := protectedHolder(t, root, 1)                 // DCGM's host engine holding the device node
+	protected := protectedHolder(t, root, 1)                // DCGM's host engine holding the device node
 	orphan.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
