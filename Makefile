@@ -40,8 +40,13 @@ rules:
 	@if [ -d alerts ] && ls alerts/*.rules.yml >/dev/null 2>&1; then \
 	  promtool check rules alerts/*.rules.yml && promtool test rules alerts/*_test.yml; fi
 
-e2e: build
-	@if [ -d e2e ]; then $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; fi
+# The whole loop with real processes (e2e/loop_test.go): a simulated node,
+# the exporter, Prometheus with alerts/, Alertmanager and the remediator.
+# GPU_ORPHAN_E2E_REQUIRED makes a missing Prometheus or Alertmanager a
+# failure instead of a skip; the stage timings go to .run/e2e-summary.txt.
+e2e: build deps
+	@if [ -d e2e ]; then GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
+	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; fi
 
 bench: build
 	./scripts/bench.sh
@@ -49,8 +54,10 @@ bench: build
 fuzz:
 	./scripts/fuzz.sh
 
+# The loop on this machine, narrated; Ctrl+C stops it. RUN_ONCE=1 exits 0
+# once the memory is back (a smoke test).
 run: build deps
-	./scripts/run.sh $(BACKEND)
+	@RUN_DIR='$(RUN_DIR)' RUN_ONCE='$(RUN_ONCE)' ./scripts/run.sh $(BACKEND)
 
 demo: run
 

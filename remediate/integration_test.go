@@ -191,41 +191,52 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 	return rs[gpu].Memory.Used >> 20
 }
 
-// protectedHolder runs a process named nv-hostengine (a copy of sleep)
-// that holds GPU gpu's device node and the UVM node, in a session of its own.
+// mapperEnv makes the test binary a CUDA-like holder: it maps the device
+// node inherited as fd 3, as a context does, and sleeps.
+const mapperEnv = "REMEDIATE_TEST_MAP_FD3"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mapperEnv) == "1" {
+		if _, err := syscall.Mmap(3, 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
+			os.Exit(3)
+		}
+		time.Sleep(300 * time.Second)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// protectedHolder runs a process named nv-hostengine (this test binary
+// under that name) that holds and maps GPU gpu's device node, in a session
+// of its own: a suspect in every way but its protected name.
 func protectedHolder(t *testing.T, root string, gpu int) int {
 	t.Helper()
 	n, err := sim.Load(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Fatal(err)
-	}
 	bin := filepath.Join(t.TempDir(), "nv-hostengine")
-	data, err := os.ReadFile(sleep)
+	if err := os.Symlink(os.Args[0], bin); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := os.Open(n.DevicePath(n.GPUs[gpu].Minor))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "300")
-	// Both nodes, as a CUDA process holds them: a suspect but for its name.
-	for _, p := range []string{n.DevicePath(n.GPUs[gpu].Minor), n.UVMPath()} {
-		f, err := os.Open(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-	}
+	defer dev.Close()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), mapperEnv+"=1")
+	cmd.ExtraFiles = []*os.File{dev}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	maps := fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)
+	testenv.Eventually(t, 5*time.Second, "nv-hostengine to map the device", func() bool {
+		b, _ := os.ReadFile(maps)
+		return bytes.Contains(b, []byte(n.DevicePath(n.GPUs[gpu].Minor)))
+	})
 	return cmd.Process.Pid
 }
 

@@ -55,6 +55,7 @@ echo "kill(pid $parent): $(kill -0 "$parent" 2>&1 || true)"
 echo "device nodes held by child $c1: $(ls -l /proc/$c1/fd 2>/dev/null | grep -o '/dev/nvidia[^ ]*' | sort -u | tr '\n' ' ')"
 exp_pid=$(pgrep -f gpu-orphan-exporter | head -1)
 echo "device nodes held by the exporter (NVML only): $(ls -l /proc/$exp_pid/fd 2>/dev/null | grep -o '/dev/nvidia[^ ]*' | sort -u | tr '\n' ' ')"
+echo "child $c1 maps /dev/nvidia0: $(grep -c ' /dev/nvidia0$' /proc/$c1/maps) times; the exporter: $(grep -c ' /dev/nvidia0$' /proc/$exp_pid/maps) times"
 echo "fuser -v /dev/nvidia0:"; fuser -v /dev/nvidia0 2>&1 | head -8
 /usr/bin/time -f "fuser /dev/nvidia0: %e s" fuser /dev/nvidia0 >/dev/null 2>&1 || true
 /usr/bin/time -f "gpu-orphan ps (NVML + full holder scan): %e s" "$bin/gpu-orphan" ps >/dev/null 2>&1 || true

@@ -59,11 +59,6 @@ type Driver interface {
 	// DevicePath is the device node that holders of the GPU with this minor
 	// number keep open: /dev/nvidia<minor> on real hardware.
 	DevicePath(minor int) string
-	// UVMPath is the node that every process with a CUDA context keeps open
-	// (/dev/nvidia-uvm), and that NVML-only tools (nvidia-smi, DCGM, this
-	// exporter) do not. Holding it is the evidence that an unlisted holder
-	// carries a context. "" when the backend has none.
-	UVMPath() string
 	// PIDNamespace is the PID namespace that Read's PIDs belong to, written
 	// as readlink(/proc/PID/ns/pid) prints it. NVML reports host PIDs.
 	PIDNamespace() string

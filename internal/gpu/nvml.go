@@ -81,9 +81,6 @@ func (d *NVMLDriver) Name() string { return "nvml" }
 // DevicePath implements Driver.
 func (d *NVMLDriver) DevicePath(minor int) string { return fmt.Sprintf("/dev/nvidia%d", minor) }
 
-// UVMPath implements Driver: the CUDA runtime opens it at cuInit.
-func (d *NVMLDriver) UVMPath() string { return "/dev/nvidia-uvm" }
-
 // PIDNamespace implements Driver: NVML reports host PIDs even when called
 // from inside a container.
 func (d *NVMLDriver) PIDNamespace() string { return InitPIDNamespace }

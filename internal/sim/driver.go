@@ -33,9 +33,6 @@ func (d *Driver) Name() string { return "sim" }
 // /dev/nvidia<minor>.
 func (d *Driver) DevicePath(minor int) string { return d.node.DevicePath(minor) }
 
-// UVMPath implements gpu.Driver: the simulated /dev/nvidia-uvm.
-func (d *Driver) UVMPath() string { return d.node.UVMPath() }
-
 // PIDNamespace implements gpu.Driver.
 func (d *Driver) PIDNamespace() string { return d.node.PIDNamespace }
 

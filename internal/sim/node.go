@@ -134,7 +134,12 @@ func InitWithOptions(root string, opts InitOptions) error {
 		if err != nil {
 			return fmt.Errorf("sim: creating device node: %w", err)
 		}
+		// One page, so that workloads can map it as CUDA maps the real one.
+		err = f.Truncate(DeviceMapBytes)
 		f.Close()
+		if err != nil {
+			return fmt.Errorf("sim: sizing device node: %w", err)
+		}
 	}
 	// node.json last: its presence means the node is complete.
 	return n.Save()

@@ -104,6 +104,10 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: opening device node: %w", err)
 	}
+	if err := mapDevice(int(w.dev.Fd())); err != nil {
+		w.dev.Close()
+		return nil, err
+	}
 	w.uvm, err = os.OpenFile(n.UVMPath(), os.O_RDWR, 0)
 	if err != nil {
 		w.dev.Close()
@@ -256,6 +260,11 @@ func RunChild(ignoreSIGTERM bool) error {
 			return fmt.Errorf("sim: child: inherited descriptor %d: %w (run only by gpu-orphan-sim run)", fd, err)
 		}
 	}
+	// An exec'd child does not inherit its parent's mappings as a forked
+	// one does, so it maps the device node itself.
+	if err := mapDevice(childDevFD); err != nil {
+		return err
+	}
 	// Raw descriptors, never wrapped in *os.File, whose finalizer would
 	// close them when garbage collected.
 	if _, err := unix.Write(childReadyFD, []byte("ok\n")); err != nil {
@@ -265,4 +274,19 @@ func RunChild(ignoreSIGTERM bool) error {
 	for {
 		time.Sleep(time.Hour)
 	}
+}
+
+// DeviceMapBytes is the size of a simulated device node, and of the
+// mapping a workload keeps of it.
+const DeviceMapBytes = 4096
+
+// mapDevice maps the device node as a CUDA context maps the real one: the
+// mapping (not just the descriptor) is what tells a context's holders from
+// tools that only query NVML. It is never unmapped: it lives as long as the
+// process.
+func mapDevice(fd int) error {
+	if _, err := unix.Mmap(fd, 0, DeviceMapBytes, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return fmt.Errorf("sim: mapping the device node: %w", err)
+	}
+	return nil
 }

@@ -168,13 +168,9 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 	if len(want) == 0 {
 		return false, nil
 	}
-	paths := make([]string, 0, len(want)+1)
+	paths := make([]string, 0, len(want))
 	for p := range want {
 		paths = append(paths, p)
-	}
-	uvm := t.cfg.Driver.UVMPath()
-	if uvm != "" {
-		paths = append(paths, uvm)
 	}
 	holders, err := t.cfg.Proc.Holders(paths)
 	if err != nil {
@@ -188,7 +184,7 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 			g := &s.GPUs[i]
 			g.Scanned = true
 			g.HolderPIDs = pids
-			g.Suspects = t.suspects(*g, pids, holders[uvm], uvm != "")
+			g.Suspects = t.suspects(*g, pids, path)
 		}
 	}
 	return true, nil
@@ -196,10 +192,12 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 
 // suspects applies the two rules of a suspect holder.
 //
-// An unlisted holder must also hold the UVM node (when the driver has one):
-// that is what a CUDA context's descriptors include and what NVML-only
-// tools (nvidia-smi, DCGM, monitoring agents, this exporter) lack.
-func (t *Taker) suspects(g GPU, holderPIDs, uvmPIDs []int, needUVM bool) []Holder {
+// An unlisted holder must also have the device node mapped into its memory:
+// a CUDA context maps it, and forked children inherit the mapping, whereas
+// NVML-only tools (nvidia-smi, DCGM, monitoring agents, this exporter) only
+// keep the descriptor open (measured on the H200: fuser shows F...m for the
+// children, F.... for the exporter; all hold /dev/nvidia-uvm too).
+func (t *Taker) suspects(g GPU, holderPIDs []int, devicePath string) []Holder {
 	var out []Holder
 	listed := map[int]Owner{}
 	for _, o := range g.Owners {
@@ -213,7 +211,10 @@ func (t *Taker) suspects(g GPU, holderPIDs, uvmPIDs []int, needUVM bool) []Holde
 			}
 			continue
 		}
-		if !deadListed || (needUVM && !slices.Contains(uvmPIDs, pid)) {
+		if !deadListed {
+			continue
+		}
+		if mapped, err := t.cfg.Proc.Maps(pid, devicePath); err != nil || !mapped {
 			continue
 		}
 		if p, ok := t.cfg.Proc.Alive(pid); ok && !t.belongsToLiveOwner(p, g) {

@@ -36,8 +36,6 @@ func (d testDriver) DevicePath(minor int) string {
 	return filepath.Join(d.devDir, "nvidia"+strconv.Itoa(minor))
 }
 
-func (d testDriver) UVMPath() string { return filepath.Join(d.devDir, "nvidia-uvm") }
-
 func (d testDriver) PIDNamespace() string {
 	if d.pidNS != "" {
 		return d.pidNS
@@ -75,7 +73,7 @@ func newDriver(t *testing.T, g gpu0) testDriver {
 	}
 	dir := t.TempDir()
 	for _, name := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4", "nvidia5", "nvidia6", "nvidia7", "nvidia-uvm"} {
-		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), make([]byte, 4096), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,21 +84,43 @@ func listed(pid int, usedMiB uint64) nvml.ProcessInfo {
 	return nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: usedMiB * mib}
 }
 
+// mapperEnv makes the test binary a CUDA-like holder: it maps the device
+// node inherited as fd 3, as a context does, and sleeps.
+const mapperEnv = "SNAPSHOT_TEST_MAP_FD3"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mapperEnv) == "1" {
+		if _, err := syscall.Mmap(3, 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
+			os.Exit(3)
+		}
+		time.Sleep(300 * time.Second)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
 // holder starts a real process that holds path open (as an inherited
-// descriptor) and, with setsid, leads its own session. A CUDA process holds
-// the UVM node beside the GPU's, so holder holds both.
+// descriptor) and maps it, as a process with a CUDA context does, and, with
+// setsid, leads its own session.
 func holder(t *testing.T, path string, setsid bool) *exec.Cmd {
 	t.Helper()
 	if path == "" {
 		return holderOf(t, setsid)
 	}
-	return holderOf(t, setsid, path, filepath.Join(filepath.Dir(path), "nvidia-uvm"))
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), mapperEnv+"=1")
+	return startHolder(t, cmd, setsid, path)
 }
 
-// holderOf starts a process holding exactly paths.
+// holderOf starts a process that holds paths open without mapping them, as
+// nvidia-smi or DCGM hold a device node.
 func holderOf(t *testing.T, setsid bool, paths ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("sleep", "300")
+	return startHolder(t, exec.Command("sleep", "300"), setsid, paths...)
+}
+
+func startHolder(t *testing.T, cmd *exec.Cmd, setsid bool, paths ...string) *exec.Cmd {
+	t.Helper()
 	for _, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
@@ -114,7 +134,22 @@ func holderOf(t *testing.T, setsid bool, paths ...string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if len(paths) > 0 && cmd.Path != "sleep" && !strings.HasSuffix(cmd.Path, "/sleep") {
+		waitMapped(t, cmd.Process.Pid, paths[0])
+	}
 	return cmd
+}
+
+// waitMapped waits until pid has mapped path.
+func waitMapped(t *testing.T, pid int, path string) {
+	t.Helper()
+	fs := procFS(t)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if ok, _ := fs.Maps(pid, path); ok {
+			return
+		}
+	}
+	t.Fatalf("process %d never mapped %s", pid, path)
 }
 
 // deadPID returns the PID of a process that has exited and been reaped.
@@ -253,8 +288,8 @@ func TestAccountingFacts(t *testing.T) {
 		}},
 		{"a live job's forked worker is never a suspect, even beside a dead owner", func(t *testing.T, dev string) (gpu0, want) {
 			// The live owner is a shell that forked a worker holding the device.
-			uvm := filepath.Join(filepath.Dir(dev), "nvidia-uvm")
-			live := exec.Command("sh", "-c", "sleep 300 3<"+dev+" 4<"+uvm+" & wait")
+			live := exec.Command("sh", "-c", "\"$0\" 3<"+dev+" & wait", os.Args[0])
+			live.Env = append(os.Environ(), mapperEnv+"=1")
 			live.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 			if err := live.Start(); err != nil {
 				t.Fatal(err)
@@ -263,7 +298,9 @@ func TestAccountingFacts(t *testing.T) {
 			children := fmt.Sprintf("/proc/%d/task/%d/children", live.Process.Pid, live.Process.Pid)
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 				if b, _ := os.ReadFile(children); len(strings.TrimSpace(string(b))) > 0 {
-					break // the worker is running
+					worker, _ := strconv.Atoi(strings.Fields(string(b))[0])
+					waitMapped(t, worker, dev)
+					break // the worker is running and maps the device
 				}
 				if time.Now().After(deadline) {
 					t.Fatal("the live owner's worker never started")
@@ -274,9 +311,9 @@ func TestAccountingFacts(t *testing.T) {
 			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live.Process.Pid, 4000), listed(dead, 2340)}},
 				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
 		}},
-		{"an NVML-only holder (no UVM node: nvidia-smi, DCGM) is never a suspect", func(t *testing.T, dev string) (gpu0, want) {
+		{"an NVML-only holder (descriptor, no mapping: nvidia-smi, DCGM) is never a suspect", func(t *testing.T, dev string) (gpu0, want) {
 			p := deadPID(t)
-			holderOf(t, true, dev) // holds /dev/nvidia0 only, as NVML does
+			holderOf(t, true, dev, filepath.Join(filepath.Dir(dev), "nvidia-uvm")) // as the exporter holds them on the H200
 			c := holder(t, dev, false).Process.Pid
 			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
 				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
