@@ -17,7 +17,9 @@
 #
 # Environment: RUN_DIR (.run), RUN_ONCE (0), ACT (1; 0 runs the remediator
 # in dry-run), NODE_NAME (this host's name), RUN_TIMEOUT (120: seconds to
-# wait for the memory to come back), SIM_GPU (1), SIM_MIB (4096).
+# wait for the memory to come back), SIM_GPU (1), SIM_MIB (4096), BIN_DIR
+# (bin), and the ports EXPORTER_PORT, REMEDIATOR_PORT, PROMETHEUS_PORT,
+# ALERTMANAGER_PORT (a port that is set is used or fails, without fallback).
 set -euo pipefail
 
 BACKEND=${1:-${BACKEND:-sim}}
@@ -29,7 +31,7 @@ NODE_NAME=${NODE_NAME:-$(hostname -s 2>/dev/null || hostname)}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 SIM_GPU=${SIM_GPU:-1}
 SIM_MIB=${SIM_MIB:-4096}
-BIN=$ROOT/bin
+BIN=${BIN_DIR:-$ROOT/bin}
 CONF=$ROOT/scripts/e2e-config
 # The shortened thresholds of the rules' copy; the remediator's own
 # minimum age must stay below the age threshold.
@@ -73,7 +75,11 @@ ALERTMANAGER=$(command -v alertmanager || command -v prometheus-alertmanager || 
 [ -n "$PROMETHEUS" ] || die "prometheus not found: run scripts/deps.sh (make deps)"
 [ -n "$ALERTMANAGER" ] || die "alertmanager not found: run scripts/deps.sh (make deps)"
 for b in gpu-orphan-exporter gpu-orphan-remediator gpu-orphan-sim; do
-  [ -x "$BIN/$b" ] || { echo "run.sh: building (make build)"; make -s -C "$ROOT" build >/dev/null; break; }
+  if [ ! -x "$BIN/$b" ] && [ -z "${BIN_DIR:-}" ]; then
+    echo "run.sh: building (make build)"
+    make -s -C "$ROOT" build >/dev/null
+  fi
+  [ -x "$BIN/$b" ] || die "$BIN/$b not found: run make build"
 done
 # JSON: jq if there is one, else python3.
 if command -v jq >/dev/null; then JSON=jq
@@ -83,17 +89,22 @@ else die "neither jq nor python3 found: install one of them to read the JSON API
 # --- ports -----------------------------------------------------------------
 
 busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in 9835 9836; do
-  busy "$p" && die "port $p is in use (another gpu-orphan, or a previous make run?): see ss -ltnp 'sport = :$p'"
-done
-PROM_PORT=9090
-busy $PROM_PORT && PROM_PORT=19090
-busy $PROM_PORT && die "ports 9090 and 19090 are both in use"
-AM_PORT=9093
-busy $AM_PORT && AM_PORT=19093
-busy $AM_PORT && die "ports 9093 and 19093 are both in use"
-EXPORTER=127.0.0.1:9835
-REMEDIATOR=127.0.0.1:9836
+# port NAME DEFAULT FALLBACK: the port to use, or an error.
+port() {
+  local p
+  for p in "$2" ${3:+"$3"}; do
+    if ! busy "$p"; then echo "$p"; return; fi
+  done
+  die "$1: port ${2}${3:+ and $3} in use (another gpu-orphan, or a make run still running?): ss -ltnp 'sport = :$2'"
+}
+EXP_PORT=$(port exporter "${EXPORTER_PORT:-9835}")
+REM_PORT=$(port remediator "${REMEDIATOR_PORT:-9836}")
+if [ -n "${PROMETHEUS_PORT:-}" ]; then PROM_PORT=$(port Prometheus "$PROMETHEUS_PORT")
+else PROM_PORT=$(port Prometheus 9090 19090); fi
+if [ -n "${ALERTMANAGER_PORT:-}" ]; then AM_PORT=$(port Alertmanager "$ALERTMANAGER_PORT")
+else AM_PORT=$(port Alertmanager 9093 19093); fi
+EXPORTER=127.0.0.1:$EXP_PORT
+REMEDIATOR=127.0.0.1:$REM_PORT
 PROM=127.0.0.1:$PROM_PORT
 AM=127.0.0.1:$AM_PORT
 
@@ -478,7 +489,10 @@ if [ "$RUN_ONCE" = 1 ]; then
 fi
 echo
 echo "${B}The loop is done; the stack keeps running.${N} Look around (the addresses above), then Ctrl+C to stop."
-[ "$BACKEND" = sim ] && info "Another orphan: $BIN/gpu-orphan-sim run --root $RUN_DIR/node --gpu 0 --mib 2048 --children 2, then kill -9 its parent. (The remediator's per-GPU cooldown is 10m.)"
+if [ "$BACKEND" = sim ]; then
+  info "Another orphan (GPU 0; GPU $GPU has a 10m cooldown), from another terminal:"
+  info "  $BIN/gpu-orphan-sim run --root $RUN_DIR/node --gpu 0 --mib 2048 --children 2 & sleep 1; kill -9 \$!"
+fi
 while :; do
   alive_or_die
   sleep 1
