@@ -552,3 +552,22 @@ type recorderFunc func(context.Context, store.Notification) ([]store.AlertOutcom
 func (f recorderFunc) RecordNotification(ctx context.Context, n store.Notification) ([]store.AlertOutcome, error) {
 	return f(ctx, n)
 }
+
+// TestHandlerDefaults: without Wake the handler still answers; without a
+// limit, 1 MiB applies (see TestHandlerBodySize).
+func TestHandlerDefaults(t *testing.T) {
+	rec := recorderFunc(func(_ context.Context, n store.Notification) ([]store.AlertOutcome, error) {
+		return []store.AlertOutcome{{Fingerprint: n.Alerts[0].Fingerprint, StartsAt: n.Alerts[0].StartsAt, Result: store.ResultAccepted, ActionID: "a1"}}, nil
+	})
+	m := newTestMetrics()
+	h := NewHandler(Config{Recorder: rec, Classify: gpuClassifier, Metrics: m, Logger: discardLogger()})
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, newPost("application/json", mustJSON(t, validPayload())))
+	r := readReply(t, w)
+	if r.Results["accepted"] != 1 || r.Alerts[0].ActionID != "a1" || r.Alerts[0].Fingerprint != "50f2f5aaad1375f4" {
+		t.Errorf("reply %+v", r)
+	}
+	if got := testutil.ToFloat64(m.Requests.WithLabelValues("200")); got != 1 {
+		t.Errorf("requests_total{code=200} = %v, want 1", got)
+	}
+}

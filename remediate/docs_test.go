@@ -1,0 +1,36 @@
+package remediate
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestDocsListEveryMetric: every remediator metric is in docs/metrics.md
+// and the README.
+func TestDocsListEveryMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.Requests.WithLabelValues("200")
+	m.LastAction.WithLabelValues(StateSucceeded)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) < 12 {
+		t.Fatalf("gathered only %d families", len(mfs))
+	}
+	for _, doc := range []string{"../docs/metrics.md", "../README.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if !strings.Contains(string(b), "`"+mf.GetName()+"`") {
+				t.Errorf("%s does not document %s", doc, mf.GetName())
+			}
+		}
+	}
+}
