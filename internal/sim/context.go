@@ -173,6 +173,9 @@ func parseContext(r io.Reader) (Context, error) {
 	if c.PID <= 0 {
 		return Context{}, fmt.Errorf("bad pid %d", c.PID)
 	}
+	if c.GPU < 0 {
+		return Context{}, fmt.Errorf("bad gpu %d", c.GPU)
+	}
 	return c, nil
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -176,6 +177,25 @@ func FuzzLoadNode(f *testing.F) {
 		}
 		if !reflect.DeepEqual(back, n) {
 			t.Fatalf("round trip changed the node:\n%+v\n%+v", n, back)
+		}
+	})
+}
+
+// FuzzParseState feeds the driver's other state files, a context record and
+// faults.json, arbitrary bytes: errors are fine, panics and nonsense are not.
+func FuzzParseState(f *testing.F) {
+	f.Add([]byte(`{"gpu":1,"pid":4242,"start_time":123,"used_bytes":4294967296}`))
+	f.Add([]byte(`{"error":"GPU is lost","gpu":-1,"delay":"2s"}`))
+	f.Add([]byte(`{"gpu":1,"gpu":2}`))
+	f.Add([]byte(`{"gpu":-1,"pid":5,"start_time":1,"used_bytes":1}`))
+	f.Add([]byte(`{"delay":"-5s"}`))
+	f.Add([]byte(`[`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if c, err := parseContext(bytes.NewReader(data)); err == nil && (c.PID <= 0 || c.GPU < 0) {
+			t.Errorf("accepted a context with pid %d gpu %d", c.PID, c.GPU)
+		}
+		if fl, err := parseFaults(data); err == nil && fl.Delay < 0 {
+			t.Errorf("accepted a negative delay %v", fl.Delay)
 		}
 	})
 }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every Go fuzz target for a bounded time (FUZZTIME each, default 5s):
+# the webhook payload parser, the /proc parsers and the simulated driver's
+# state files. `make test` runs it; `FUZZTIME=5m make fuzz` digs deeper.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzztime=${FUZZTIME:-5s}
+grep -rl --include='*_test.go' '^func Fuzz' . | while read -r file; do
+  pkg=./$(dirname "${file#./}")
+  for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | sed 's/^func //'); do
+    echo "fuzz: $pkg $target for $fuzztime"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >/tmp/gpu-orphan-fuzz.log 2>&1 || { cat /tmp/gpu-orphan-fuzz.log; exit 1; }
+  done
+done
