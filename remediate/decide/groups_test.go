@@ -30,24 +30,28 @@ func TestProcGroups(t *testing.T) {
 
 	g := ProcGroups{FS: fs}
 	var members []proc.Process
-	// The shell forks its sleeps after Start returns.
+	// The shell forks its sleeps after Start returns, and a forked child is
+	// called "sh" until it has exec'd sleep.
+	var comms []string
 	for range 200 {
 		if members, err = g.Members(pgid); err != nil {
 			t.Fatal(err)
 		}
-		if len(members) == 3 {
+		comms = comms[:0]
+		for _, m := range members {
+			comms = append(comms, m.Comm)
+		}
+		slices.Sort(comms)
+		if slices.Equal(comms, []string{"sh", "sleep", "sleep"}) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	var comms []string
 	for _, m := range members {
 		if m.PGID != pgid || m.StartTime == 0 {
 			t.Errorf("member %+v: wrong group or no start time", m)
 		}
-		comms = append(comms, m.Comm)
 	}
-	slices.Sort(comms)
 	if !slices.Equal(comms, []string{"sh", "sleep", "sleep"}) {
 		t.Errorf("members of group %d: %v, want sh and two sleeps", pgid, comms)
 	}
