@@ -49,6 +49,7 @@ func TestLoop(t *testing.T) {
 	promBin := tool(t, "prometheus")
 	amBin := tool(t, "alertmanager", "prometheus-alertmanager")
 	setupStart := time.Now()
+	bin(t, "gpu-orphan-sim") // builds cmd/ once, into a dir TestMain removes
 
 	// Registered first, so it runs after every other cleanup: nothing the
 	// test started may be left running.
@@ -95,10 +96,10 @@ func TestLoop(t *testing.T) {
 	if err := os.Mkdir(logs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	exporter := startDaemon(t, logs, "gpu-orphan-exporter", testenv.Bin(t, "gpu-orphan-exporter"),
+	exporter := startDaemon(t, logs, "gpu-orphan-exporter", bin(t, "gpu-orphan-exporter"),
 		"--backend=sim", "--sim.root="+root, "--collector.interval=500ms",
 		"--web.listen-address="+expAddr, "--log.level=debug")
-	remediator := startDaemon(t, logs, "gpu-orphan-remediator", testenv.Bin(t, "gpu-orphan-remediator"),
+	remediator := startDaemon(t, logs, "gpu-orphan-remediator", bin(t, "gpu-orphan-remediator"),
 		"--role=node", "--act", "--node.name="+nodeName, "--backend=sim", "--sim.root="+root,
 		"--auth.token-file="+tokenFile, "--store.path="+filepath.Join(dir, "remediator.db"),
 		"--web.listen-address="+remAddr, "--collector.interval=500ms",

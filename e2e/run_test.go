@@ -39,7 +39,7 @@ func TestRunOnce(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "run.sh"), "sim")
 	cmd.Env = append(os.Environ(), "RUN_ONCE=1", "RUN_DIR="+runDir, "NODE_NAME=run-once",
-		"BIN_DIR="+filepath.Dir(testenv.Bin(t, "gpu-orphan-exporter")),
+		"BIN_DIR="+filepath.Dir(bin(t, "gpu-orphan-exporter")),
 		"EXPORTER_PORT="+port(), "REMEDIATOR_PORT="+port(), "PROMETHEUS_PORT="+port(), "ALERTMANAGER_PORT="+port())
 	// Its own process group, as a terminal's job; on timeout the script
 	// gets SIGTERM (SIGINT may be ignored in a background job), which it

@@ -77,8 +77,9 @@ var sleepers struct {
 	cmds []*exec.Cmd
 }
 
+// TestMain also removes the binaries the integration tests built.
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testenv.Main(m)
 	stopSleepers()
 	os.Exit(code)
 }

@@ -203,7 +203,7 @@ func TestMain(m *testing.M) {
 		time.Sleep(300 * time.Second)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(testenv.Main(m))
 }
 
 // protectedHolder runs a process named nv-hostengine (this test binary

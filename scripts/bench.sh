@@ -155,7 +155,7 @@ measure your machine. Raw \`go test -bench\` output is at the end.
 ## Raw output
 
 \`\`\`
-$(grep -E '^(Benchmark|goos|goarch|cpu|pkg|ok|PASS|FAIL|---)' "$raw")
+$(cat "$raw")
 \`\`\`
 EOF
 

@@ -4,7 +4,8 @@
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
-command -v alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+# Debian installs Alertmanager as /usr/bin/prometheus-alertmanager.
+command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v fuser >/dev/null || missing+=(psmisc)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "deps: installing ${missing[*]} (Debian packages)"
@@ -19,4 +20,4 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
 fi
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-command -v promtool alertmanager
+command -v promtool

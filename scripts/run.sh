@@ -46,19 +46,20 @@ esac
 # --- output ----------------------------------------------------------------
 
 if [ -t 1 ]; then
-  B=$'\e[1m' G=$'\e[32m' Y=$'\e[33m' R=$'\e[31m' D=$'\e[2m' N=$'\e[0m'
+  B=$'\e[1m' G=$'\e[32m' Y=$'\e[33m' R=$'\e[31m' N=$'\e[0m'
 else
-  B='' G='' Y='' R='' D='' N=''
+  B='' G='' Y='' R='' N=''
 fi
 T0=
 now() { if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/,/.}"; else date +%s.%N; fi; }
-# stamp [EPOCH]: the time since the parent's SIGKILL, of now or of EPOCH.
+# stamp [EPOCH]: the time since T0 (the parent's SIGKILL; on a GPU node,
+# when the orphan was first seen), of now or of EPOCH.
 stamp() {
   local at=${1:-$(now)}
   if [ -n "$T0" ]; then awk -v a="$at" -v b="$T0" 'BEGIN { printf "+%5.1fs", a - b }'; else printf '%7s' ''; fi
 }
-# epoch RFC3339: seconds since the epoch (GNU date), or now.
-epoch() { date -d "$1" +%s.%N 2>/dev/null || now; }
+# epoch RFC3339: seconds since the epoch (GNU date), or now if it is empty.
+epoch() { { [ -n "$1" ] && date -d "$1" +%s.%N 2>/dev/null; } || now; }
 say() { printf '%s %s%-22s%s %s\n' "$(stamp)" "$B" "$1" "$N" "$2"; }
 # say_at RFC3339 LABEL TEXT: say, stamped with when it happened (the
 # remediator's own record) rather than when the narrator saw it.
@@ -112,8 +113,9 @@ AM=127.0.0.1:$AM_PORT
 
 mkdir -p "$RUN_DIR"
 LOCK=$RUN_DIR/run.pid
-if [ -e "$LOCK" ] && kill -0 "$(cat "$LOCK" 2>/dev/null)" 2>/dev/null; then
-  die "another make run (pid $(cat "$LOCK")) uses $RUN_DIR"
+other=$(cat "$LOCK" 2>/dev/null || true)
+if [ -n "$other" ] && grep -qs run.sh "/proc/$other/cmdline"; then
+  die "another make run (pid $other) uses $RUN_DIR"
 fi
 echo $$ >"$LOCK"
 
@@ -245,8 +247,16 @@ info "exporter      http://$EXPORTER/metrics"
 mode="acts (--act)"
 [ "$ACT" = 1 ] || mode="dry run (ACT=0)"
 info "remediator    http://$REMEDIATOR/   $mode"
-info "Prometheus    http://$PROM/alerts   http://$PROM/graph?g0.expr=gpu_orphan_unowned_memory_bytes"
-info "Alertmanager  http://$AM/#/alerts"
+# Debian's Prometheus serves only its classic UI, and Debian's Alertmanager
+# none at all.
+ui=""
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://$PROM/alerts")" = 200 ] || ui=/classic
+info "Prometheus    http://$PROM$ui/alerts   http://$PROM$ui/graph?g0.expr=gpu_orphan_unowned_memory_bytes"
+if curl -s "http://$AM/" | grep -q 'does not include a web'; then
+  info "Alertmanager  http://$AM/api/v2/alerts   (no web UI in this package; or: amtool --alertmanager.url=http://$AM alert query)"
+else
+  info "Alertmanager  http://$AM/#/alerts"
+fi
 info "actions       curl -sH \"Authorization: Bearer \$(cat $TOKEN_FILE)\" http://$REMEDIATOR/api/v1/actions"
 info "rules         $RUN_DIR/gpu-orphan.rules.yml: GPUOrphanMemory after ${AGE_THRESHOLD}s with no live owner, for: $FOR_DURATION"
 echo
@@ -366,7 +376,7 @@ else
   info "Make an orphan on a GPU (PyTorch needed), then kill its parent:"
   info "  python3 shared/gpu/fork_orphan.py --gib 6 --children 2 --device 0 &   # prints: ready PARENT CHILD..."
   info "  kill -9 PARENT"
-  info "Waiting for GPU memory with no live owner (> 1 GiB)..."
+  info "Waiting for GPU memory with no live owner (> 1 GiB); the times below count from when it is seen."
 fi
 
 # --- the narrator --------------------------------------------------------------
@@ -380,8 +390,9 @@ fi
 GPU=
 [ "$BACKEND" = sim ] && GPU=$SIM_GPU
 stage=detect action= 
+# A deadline for the simulated loop, and for RUN_ONCE=1 on a GPU node.
 deadline=
-[ "$BACKEND" = sim ] && deadline=$(($(date +%s) + RUN_TIMEOUT))
+if [ "$BACKEND" = sim ] || [ "$RUN_ONCE" = 1 ]; then deadline=$(($(date +%s) + RUN_TIMEOUT)); fi
 declare -A printed=()
 
 while [ "$stage" != done ]; do
@@ -408,6 +419,7 @@ while [ "$stage" != done ]; do
           match($1, /comm="[^"]*"/); c = substr($1, RSTART + 6, RLENGTH - 7)
           match($1, /reason="[^"]*"/); r = substr($1, RSTART + 8, RLENGTH - 9)
           printf "%s%s (%s, %s)", sep, p, c, r; sep = ", " }' <<<"$body")
+        [ -n "$T0" ] || T0=$(now) # a GPU node: the times count from here
         say "detected" "exporter: GPU $GPU has $(mib "$unowned") MiB with no live owner; NVML still names dead PID ${dead:-?}"
         info "suspect holders: ${holders:-none yet}"
         stage=pending
@@ -466,12 +478,14 @@ while [ "$stage" != done ]; do
         while IFS=$'\t' read -r _ pid outcome sigs; do
           info "$pid: $outcome${sigs:+ (${sigs//,/, })}"
         done < <(grep '^outcome' <<<"$lines" || true)
-        IFS=$'\t' read -r _ freed verify before after next < <(grep '^result' <<<"$lines")
+        IFS=$'\t' read -r _ freed verify before after next < <(grep '^result' <<<"$lines") || true
         reason=$(awk -F'\t' '$1 == "state" { print $3 }' <<<"$lines")
         if [ "$state" = succeeded ]; then
           now_used=$(scrape | metric gpu_orphan_memory_used_bytes "$GPU")
           say_at "$(awk -F'\t' '$1 == "event" && $2 == "verify" { print $3; exit }' <<<"$lines")" \
             "memory back" "${G}freed $(mib "$freed") MiB${N}, verified $(awk -v v="$verify" 'BEGIN { printf "%.2f", v }') s after the first signal ($(mib "$before") → $(mib "$after") MiB used; exporter now: $(mib "$now_used") MiB)"
+        elif [ "$state" = dry_run ]; then
+          say "dry run" "the plan is recorded, nothing was signalled (ACT=0); the memory stays"
         else
           say "action $state" "${R}${reason}${N}${next:+ — next step: $next}"
           [ "$RUN_ONCE" = 1 ] && exit 1

@@ -59,6 +59,7 @@ type flags struct {
 		maxFraction                         *float64
 		window                              *time.Duration
 		timeout                             *time.Duration
+		maxAttempts                         *int
 	}
 }
 
@@ -97,6 +98,7 @@ func run() int {
 	f.dispatch.maxFraction = app.Flag("dispatch.max-fraction", "Dispatcher: most nodes remediated per window, as a fraction of the known nodes (the stricter limit wins).").Default("0.1").Float64()
 	f.dispatch.window = app.Flag("dispatch.window", "Dispatcher: the fleet limit's window.").Default("1h").Duration()
 	f.dispatch.timeout = app.Flag("dispatch.timeout", "Dispatcher: timeout of one request to a node agent.").Default("10s").Duration()
+	f.dispatch.maxAttempts = app.Flag("dispatch.max-attempts", "Dispatcher: attempts to reach a node agent that is unreachable or answers 5xx (with backoff of 2s, 4s, ... up to 64s between them) before the alert's action is recorded as failed.").Default("8").Int()
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
 	app.Version(version.Print("gpu-orphan-remediator"))
@@ -164,7 +166,7 @@ func serve(f *flags, logger *slog.Logger) error {
 		}
 		status.Act, status.Policy = *f.remediation.Act, *f.remediation.Policy
 	case "dispatcher":
-		d, fleet, err := dispatcherRole(f, metrics, logger)
+		d, fleet, err := dispatcherRole(ctx, f, st, metrics, logger)
 		if err != nil {
 			return err
 		}

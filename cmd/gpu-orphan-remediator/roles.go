@@ -47,23 +47,8 @@ func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metri
 	go loop.Run(ctx)
 
 	limiter := limits.New(f.limits, limits.RealClock{})
-	if open, reason, _, err := st.Breaker(ctx); err != nil {
-		return nil, gpuSet{}, nil, fmt.Errorf("reading the breaker's state: %w", err)
-	} else if open {
-		limiter.OpenBreaker(reason)
-		logger.Warn("Circuit breaker is open from before the restart: nothing acts until POST /api/v1/breaker/reset", "reason", reason)
-	}
-	m.BreakerOpen.Set(boolFloat(limiter.BreakerOpen()))
-	limiter.OnBreakerChange = func(open bool, reason string) {
-		m.BreakerOpen.Set(boolFloat(open))
-		if open {
-			logger.Error("Circuit breaker opened: no more cleanups until a human resets it", "reason", reason)
-		} else {
-			logger.Warn("Circuit breaker closed")
-		}
-		if err := st.SetBreaker(context.Background(), open, reason, timeNow()); err != nil {
-			logger.Error("Persisting the breaker's state failed", "err", err)
-		}
+	if err := persistBreaker(ctx, st, limiter, &limiter.OnBreakerChange, m, logger); err != nil {
+		return nil, gpuSet{}, nil, err
 	}
 
 	decideCfg := f.remediation.DecideConfig()
@@ -81,7 +66,40 @@ func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metri
 	return node, gpuSet{loop}, limiter, nil
 }
 
-func dispatcherRole(f *flags, m *remediate.Metrics, logger *slog.Logger) (*engine.Dispatcher, *limits.Fleet, error) {
+// breaker is what the node's limiter and the dispatcher's fleet share.
+type breaker interface {
+	BreakerOpen() bool
+	OpenBreaker(reason string)
+}
+
+// persistBreaker restores the breaker's state from the store (an open
+// breaker stays open across restarts until a human resets it) and writes
+// every change back, with a metric and a log line.
+func persistBreaker(ctx context.Context, st *store.Store, b breaker, hook *func(open bool, reason string), m *remediate.Metrics, logger *slog.Logger) error {
+	open, reason, _, err := st.Breaker(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the breaker's state: %w", err)
+	}
+	if open {
+		b.OpenBreaker(reason)
+		logger.Warn("Circuit breaker is open from before the restart: nothing acts until POST /api/v1/breaker/reset", "reason", reason)
+	}
+	m.BreakerOpen.Set(boolFloat(b.BreakerOpen()))
+	*hook = func(open bool, reason string) {
+		m.BreakerOpen.Set(boolFloat(open))
+		if open {
+			logger.Error("Circuit breaker opened: no more cleanups until a human resets it", "reason", reason)
+		} else {
+			logger.Warn("Circuit breaker closed")
+		}
+		if err := st.SetBreaker(context.Background(), open, reason, time.Now()); err != nil {
+			logger.Error("Persisting the breaker's state failed", "err", err)
+		}
+	}
+	return nil
+}
+
+func dispatcherRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Dispatcher, *limits.Fleet, error) {
 	var targets map[string]string
 	if *f.dispatch.targetsFile != "" {
 		t, err := engine.LoadTargets(*f.dispatch.targetsFile)
@@ -100,10 +118,13 @@ func dispatcherRole(f *flags, m *remediate.Metrics, logger *slog.Logger) (*engin
 	}
 	fleet := limits.NewFleet(limits.FleetConfig{MaxNodes: *f.dispatch.maxNodes, MaxFraction: *f.dispatch.maxFraction, Window: *f.dispatch.window,
 		BreakerFailures: f.limits.BreakerFailures, BreakerWindow: f.limits.BreakerWindow}, limits.RealClock{})
+	if err := persistBreaker(ctx, st, fleet, &fleet.OnBreakerChange, m, logger); err != nil {
+		return nil, nil, err
+	}
 	d, err := engine.NewDispatcher(engine.DispatchConfig{
 		URLTemplate: *f.dispatch.urlTemplate, Targets: targets, Token: token,
 		Client: &http.Client{Timeout: *f.dispatch.timeout}, Fleet: fleet, NodeLabel: *f.nodeLabel,
-		Metrics: m, Logger: logger,
+		MaxAttempts: *f.dispatch.maxAttempts, Metrics: m, Logger: logger,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -117,5 +138,3 @@ func boolFloat(b bool) float64 {
 	}
 	return 0
 }
-
-func timeNow() time.Time { return time.Now() }

@@ -49,6 +49,16 @@ func Bin(t testing.TB, name string) string {
 	return filepath.Join(binDir, name)
 }
 
+// Main runs a package's tests and then removes the binaries Bin built.
+// Call it from TestMain: os.Exit(testenv.Main(m)).
+func Main(m *testing.M) int {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	return code
+}
+
 // ModuleRoot is the directory holding go.mod.
 func ModuleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()

@@ -20,6 +20,14 @@ type Recorder interface {
 	RecordNotification(ctx context.Context, n store.Notification) ([]store.AlertOutcome, error)
 }
 
+// RoomChecker is implemented by a Recorder that can tell, before recording,
+// that it is short of room; the store does. While it is, notifications get
+// 503 (Alertmanager retries them) rather than eat into the reserve that
+// running actions need to record their results.
+type RoomChecker interface {
+	CheckRoom(ctx context.Context) error
+}
+
 // Classifier decides whether an alert is work for this receiver. It
 // returns the alert's node and GPU, and why it is ignored when it is not a
 // candidate.
@@ -86,6 +94,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (int, error) {
 	if err != nil {
 		h.cfg.Metrics.Notifications.WithLabelValues("rejected").Inc()
 		return http.StatusBadRequest, err
+	}
+
+	if rc, ok := h.cfg.Recorder.(RoomChecker); ok {
+		// Other errors are left to RecordNotification, which reports them.
+		if err := rc.CheckRoom(r.Context()); errors.Is(err, store.ErrNoRoom) {
+			return http.StatusServiceUnavailable, errors.New("could not record the notification durably: " + err.Error())
+		}
 	}
 
 	n := store.Notification{

@@ -177,6 +177,12 @@ const minFreePages = 64
 // to grow before a checkpoint.
 const minFreeBytes = 1 << 20
 
+// CheckRoom reports, without writing, whether the store has the room that
+// Ping wants for new records (ErrNoRoom if not). The webhook intake refuses
+// new notifications while it fails, so that they do not use up the reserve
+// that running actions need to record their results.
+func (s *Store) CheckRoom(ctx context.Context) error { return s.checkRoom(ctx) }
+
 func (s *Store) checkRoom(ctx context.Context) error {
 	var pages, free, maxPages int64
 	err := s.db.QueryRowContext(ctx,

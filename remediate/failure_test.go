@@ -1,0 +1,94 @@
+package remediate_test
+
+import (
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+// TestFailedCleanupOpensBreaker: when the memory does not come back, the
+// action fails and says what is left and what a human should do; the
+// breaker then opens, holds further work back, and a human resets it.
+func TestFailedCleanupOpensBreaker(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	uuid := gpuUUID(t, root, 1)
+	w := testenv.StartWorkload(t, root, 1, 2048, 1)
+	// This test process takes a copy of the child's context descriptor
+	// (pidfd_getfd), as a holder outside our view would: killing every
+	// suspect then frees nothing.
+	pidfd, err := unix.PidfdOpen(w.Children[0], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const childContextFD = 4
+	held, err := unix.PidfdGetfd(pidfd, childContextFD, 0)
+	unix.Close(pidfd)
+	if err != nil {
+		t.Skipf("pidfd_getfd: %v (needs ptrace rights over the child)", err)
+	}
+	defer unix.Close(held)
+	w.KillParent(t)
+
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.verify-timeout=2s",
+		"--limit.breaker-failures=1", "--limit.cooldown=0s")
+	startsAt := time.Now().Add(-time.Minute)
+	if code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(20), startsAt))); code != http.StatusOK {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	a := finished(t, url, 30*time.Second)
+	if a.State != remediate.StateFailed {
+		t.Fatalf("action %s (%s), want failed", a.State, a.Reason)
+	}
+	if len(a.Targets) != 1 || a.Targets[0].Outcome != "exited_after_sigterm" {
+		t.Errorf("targets %+v", a.Targets)
+	}
+	if len(a.Leftover) == 0 || a.Leftover[0].Kind != "driver" || a.NextStep == "" {
+		t.Errorf("leftover %+v, next step %q", a.Leftover, a.NextStep)
+	}
+	if a.After == nil || a.After.UnownedBytes < 2048<<20 {
+		t.Errorf("after evidence %+v: the memory is still there", a.After)
+	}
+	_, mfs := testenv.Scrape(t, url+"/metrics")
+	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil); v != 1 {
+		t.Fatalf("breaker_open = %v after a failed cleanup with --limit.breaker-failures=1", v)
+	}
+	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_actions_total", map[string]string{"state": "failed"}); v != 1 {
+		t.Errorf("actions_total{state=failed} = %v", v)
+	}
+
+	// While open, new work is held back, not acted on.
+	w2 := testenv.StartWorkload(t, root, 0, 1024, 1)
+	w2.KillParent(t)
+	if code, body := post(t, url, token, payload(alert("firing", "node-a", gpuUUID(t, root, 0), fp(21), startsAt))); code != http.StatusOK {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	testenv.Eventually(t, 15*time.Second, "the breaker to hold work back", func() bool {
+		_, mfs := testenv.Scrape(t, url+"/metrics")
+		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_limited_total", map[string]string{"limit": "breaker"})
+		return v >= 1
+	})
+	if !testenv.Alive(w2.Children[0]) {
+		t.Fatal("acted while the breaker was open")
+	}
+
+	// A human resets it; the held work then runs.
+	req, _ := http.NewRequest(http.MethodPost, url+"/api/v1/breaker/reset", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("reset without a token: %v %v", resp, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("reset: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	testenv.Eventually(t, 20*time.Second, "the held work to run after the reset", func() bool {
+		return !testenv.Alive(w2.Children[0])
+	})
+}
