@@ -2,6 +2,7 @@ package exporter_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -164,4 +165,21 @@ func contains(s []int, v int) bool {
 		}
 	}
 	return false
+}
+
+// TestNoNVMLSuggestsSim: on a machine without NVML the exporter exits with
+// an error that tells the user about --backend=sim.
+func TestNoNVMLSuggestsSim(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("this machine has an NVIDIA driver")
+	}
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-exporter"), "--web.listen-address="+testenv.FreeAddr(t))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--backend=sim") {
+		t.Errorf("the error does not mention --backend=sim:\n%s", out)
+	}
 }
