@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
@@ -39,8 +39,21 @@ type Config struct {
 // Taker takes snapshots. It is safe for concurrent use.
 type Taker struct {
 	cfg Config
-	// driverBusy guards against piling up goroutines behind a hung driver.
-	driverBusy atomic.Bool
+
+	// One driver read at a time: concurrent Takes (the background loop, a
+	// decision, a verification) share the read in flight rather than
+	// queue behind it, and a read stuck past the deadline is abandoned.
+	mu       sync.Mutex
+	inflight *driverCall
+}
+
+// driverCall is one driver Read, shared by every Take that arrives while
+// it runs.
+type driverCall struct {
+	started  time.Time
+	done     chan struct{}
+	readings []gpu.Reading
+	err      error
 }
 
 // NewTaker returns a Taker for cfg.
@@ -87,29 +100,39 @@ func (t *Taker) Take(ctx context.Context, forceScan bool) *Snapshot {
 }
 
 // read calls the driver under a deadline. The cgo call cannot be
-// interrupted, so a hung call is abandoned and later calls fail fast.
+// interrupted, so a hung call is abandoned, and while it stays hung later
+// reads fail fast instead of piling up goroutines behind it.
 func (t *Taker) read(ctx context.Context) ([]gpu.Reading, error) {
-	if !t.driverBusy.CompareAndSwap(false, true) {
-		return nil, ErrDriverHung
-	}
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.DriverTimeout)
 	defer cancel()
-	type result struct {
-		readings []gpu.Reading
-		err      error
+	t.mu.Lock()
+	c := t.inflight
+	if c != nil && time.Since(c.started) >= t.cfg.DriverTimeout {
+		t.mu.Unlock()
+		return nil, ErrDriverHung
 	}
-	done := make(chan result, 1)
-	go func() {
-		defer t.driverBusy.Store(false)
-		r, err := t.cfg.Driver.Read(ctx)
-		done <- result{r, err}
-	}()
+	if c == nil {
+		c = &driverCall{started: time.Now(), done: make(chan struct{})}
+		t.inflight = c
+		go func() {
+			// The driver gets its own deadline: a caller that gives up
+			// must not cut short the read that others share.
+			readCtx, cancel := context.WithTimeout(context.Background(), t.cfg.DriverTimeout)
+			defer cancel()
+			c.readings, c.err = t.cfg.Driver.Read(readCtx)
+			t.mu.Lock()
+			t.inflight = nil
+			t.mu.Unlock()
+			close(c.done)
+		}()
+	}
+	t.mu.Unlock()
 	select {
-	case r := <-done:
-		if r.err != nil {
-			return nil, fmt.Errorf("reading GPUs through %s: %w", t.cfg.Driver.Name(), r.err)
+	case <-c.done:
+		if c.err != nil {
+			return nil, fmt.Errorf("reading GPUs through %s: %w", t.cfg.Driver.Name(), c.err)
 		}
-		return r.readings, nil
+		return c.readings, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("reading GPUs through %s: %w", t.cfg.Driver.Name(), ctx.Err())
 	}

@@ -475,3 +475,25 @@ func TestGPUByID(t *testing.T) {
 		t.Fatal("found a GPU by a bogus id")
 	}
 }
+
+// TestConcurrentTakesShareTheRead: the background loop, a decision and a
+// verification may take snapshots at once; none of them may fail for it.
+func TestConcurrentTakesShareTheRead(t *testing.T) {
+	taker := NewTaker(Config{Driver: newDriver(t, gpu0{}), Proc: procFS(t), DriverTimeout: 5 * time.Second})
+	errs := make(chan error, 20)
+	for range 20 {
+		go func() {
+			s := taker.Take(context.Background(), false)
+			if !s.Healthy() || len(s.GPUs) != 8 {
+				errs <- fmt.Errorf("unhealthy concurrent snapshot: %+v", s.Sources)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 20 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
