@@ -91,7 +91,8 @@ b_n=$(ops BenchmarkExporterRSS)
 
 reach="The figure above is what this machine gives."
 if [ -n "$bound" ] && awk "BEGIN { exit !($bound < $TARGET_RATIO) }"; then
-  reach="So ${TARGET_RATIO}× is out of reach on $(nproc) CPUs without less kernel work per descriptor; the figure above is what this machine gives."
+  reach="So ${TARGET_RATIO}× is out of reach on $(nproc) CPUs without less kernel work
+  per descriptor; the figure above is what this machine gives."
 fi
 
 cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo | sed 's/ *$//')
