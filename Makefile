@@ -54,6 +54,13 @@ bench: build
 fuzz:
 	./scripts/fuzz.sh
 
+# The exporter's hardening tests run long (scripts/soak.sh): 50 clients
+# scraping under ~2,000 processes of churn, then NVML faults in cycles, for
+# SOAK_DURATION in all; the figures are printed and appended to .run/soak.txt.
+SOAK_DURATION ?= 10m
+soak:
+	@SOAK_DURATION='$(SOAK_DURATION)' SOAK_REPORT='$(RUN_DIR)/soak.txt' ./scripts/soak.sh
+
 # The loop on this machine, narrated; Ctrl+C stops it. RUN_ONCE=1 exits 0
 # once the memory is back (a smoke test).
 run: build deps

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,14 +28,24 @@ func NewRegistry(loop Source, logger *slog.Logger) *prometheus.Registry {
 	return reg
 }
 
+// Scrapes gathered at once are bounded (each holds a gathered body and a
+// compressor); the ones beyond wait for a turn, for up to maxScrapeWait or
+// until their client gives up, rather than fail. A scrape only serialises
+// the latest snapshot, so a turn comes quickly; promhttp's own
+// MaxRequestsInFlight would answer 503 at once, and 50 clients scraping
+// together got 503s (exporter/hardening_test.go).
+const (
+	maxScrapesInFlight = 40
+	maxScrapeWait      = 10 * time.Second
+)
+
 // NewHandler serves metrics at telemetryPath, /-/healthy and a landing page.
 func NewHandler(reg *prometheus.Registry, telemetryPath string, logger *slog.Logger) (http.Handler, error) {
 	r := mux.NewRouter()
-	r.Handle(telemetryPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorLog:            slog.NewLogLogger(logger.Handler(), slog.LevelError),
-		MaxRequestsInFlight: 40,
-		Registry:            reg,
-	}))
+	r.Handle(telemetryPath, queueInFlight(promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError),
+		Registry: reg,
+	}), maxScrapesInFlight, maxScrapeWait))
 	r.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "Healthy")
 	})
@@ -54,4 +65,29 @@ func NewHandler(reg *prometheus.Registry, telemetryPath string, logger *slog.Log
 		r.Handle("/", landing)
 	}
 	return r, nil
+}
+
+// queueInFlight lets n requests through h at a time; the others wait for a
+// turn for up to wait, then get a 503. A request whose client goes away
+// while it waits is dropped.
+func queueInFlight(h http.Handler, n int, wait time.Duration) http.Handler {
+	turns := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case turns <- struct{}{}:
+		default:
+			timer := time.NewTimer(wait)
+			defer timer.Stop()
+			select {
+			case turns <- struct{}{}:
+			case <-r.Context().Done():
+				return
+			case <-timer.C:
+				http.Error(w, fmt.Sprintf("Limit of concurrent requests reached (%d), try again later.", n), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		defer func() { <-turns }()
+		h.ServeHTTP(w, r)
+	})
 }

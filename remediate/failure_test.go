@@ -58,9 +58,12 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil); v != 1 {
 		t.Fatalf("breaker_open = %v after a failed cleanup with --limit.breaker-failures=1", v)
 	}
-	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_actions_total", map[string]string{"state": "failed"}); v != 1 {
-		t.Errorf("actions_total{state=failed} = %v", v)
-	}
+	// The store records the end before the counter moves: poll.
+	testenv.Eventually(t, 5*time.Second, "actions_total{state=failed} to count it", func() bool {
+		_, mfs := testenv.Scrape(t, url+"/metrics")
+		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_actions_total", map[string]string{"state": "failed"})
+		return v == 1
+	})
 
 	// While open, new work is held back, not acted on.
 	w2 := testenv.StartWorkload(t, root, 0, 1024, 1)

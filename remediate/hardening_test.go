@@ -40,6 +40,7 @@ type sendResult struct {
 	code     int
 	body     []byte
 	attempts int
+	shed     int           // attempts answered 503
 	latency  time.Duration // from the first attempt to the final answer
 	err      error
 }
@@ -51,19 +52,11 @@ func deliver(c *http.Client, baseURL, tok string, body []byte) sendResult {
 	backoff := 10 * time.Millisecond
 	var r sendResult
 	for r.attempts = 1; ; r.attempts++ {
-		req, _ := http.NewRequest(http.MethodPost, baseURL+"/api/v1/alerts", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		if tok != "" {
-			req.Header.Set("Authorization", "Bearer "+tok)
+		r.code, r.body, r.err = postOnce(c, baseURL, tok, body)
+		if r.err == nil && r.code == http.StatusServiceUnavailable {
+			r.shed++
 		}
-		resp, err := c.Do(req)
-		if err == nil {
-			r.body, err = io.ReadAll(resp.Body)
-			resp.Body.Close()
-			r.code = resp.StatusCode
-		}
-		r.err = err
-		retryable := err != nil || r.code/100 == 5
+		retryable := r.err != nil || r.code/100 == 5
 		if !retryable || r.attempts == 12 {
 			r.latency = time.Since(start)
 			return r
@@ -71,6 +64,22 @@ func deliver(c *http.Client, baseURL, tok string, body []byte) sendResult {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// postOnce posts a webhook body once.
+func postOnce(c *http.Client, baseURL, tok string, body []byte) (int, []byte, error) {
+	req, _ := http.NewRequest(http.MethodPost, baseURL+"/api/v1/alerts", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 // actionDetail is GET /api/v1/actions/{id}: an action and its events.
@@ -244,19 +253,24 @@ func TestLoadIntakeBurst(t *testing.T) {
 	}
 	burst := time.Since(burstStart)
 
-	// Every notification was answered 200, at once or after retries of 503s.
+	// Every notification was answered 200, at once or after retries (of a
+	// 503 or a transport error, as Alertmanager retries). A notification's
+	// latency runs from its first attempt to its 200.
 	latencies := make([]time.Duration, 0, len(results))
-	retried, shed := 0, 0
+	retried, shed, failed := 0, 0, 0
 	outcomes := map[alertKey][]store.AlertOutcome{}
 	tally := map[string]int{}
 	for i, r := range results {
 		if r.err != nil || r.code != http.StatusOK {
-			t.Fatalf("notification %d: final answer %d %v after %d attempts: %s", i, r.code, r.err, r.attempts, r.body)
+			if failed++; failed <= 3 {
+				t.Errorf("notification %d: final answer %d %v after %d attempts: %s", i, r.code, r.err, r.attempts, r.body)
+			}
+			continue
 		}
 		if r.attempts > 1 {
 			retried++
-			shed += r.attempts - 1
 		}
+		shed += r.shed
 		latencies = append(latencies, r.latency)
 		var reply intake.Reply
 		if err := json.Unmarshal(r.body, &reply); err != nil {
@@ -268,12 +282,15 @@ func TestLoadIntakeBurst(t *testing.T) {
 			tally[o.Result]++
 		}
 	}
+	if failed > 0 {
+		t.Fatalf("%d of %d notifications never got a 200", failed, len(results))
+	}
 	slices.Sort(latencies)
 	pct := func(p float64) time.Duration { return latencies[int(p*float64(len(latencies)-1))] }
 	line := fmt.Sprintf("LOAD intake p50=%s p99=%s throughput=%.0f/s", pct(0.50).Round(10*time.Microsecond),
 		pct(0.99).Round(10*time.Microsecond), float64(len(results))/burst.Seconds())
 	t.Log(line)
-	t.Logf("%d notifications (%d alerts, %d distinct keys) from %d clients in %s; %d answered 503 first (%d retries); results %v",
+	t.Logf("%d notifications (%d alerts, %d distinct keys) from %d clients in %s; %d needed retries (%d answers were 503); results %v",
 		len(results), alertsSent, len(want), clients, burst.Round(time.Millisecond), retried, shed, tally)
 	if p := os.Getenv("GPU_ORPHAN_REPORT"); p != "" {
 		if err := os.WriteFile(p, []byte(line+"\n"), 0o644); err != nil {
@@ -387,20 +404,23 @@ func TestLoadIntakeBurst(t *testing.T) {
 				t.Errorf("key %s: %s %q targets %+v, want a dry run of the orphan", k, a.State, a.Reason, a.Targets)
 			}
 		case "same_batch":
-			if !cancelled {
-				t.Errorf("key %s resolved before any action: %s %q, want skipped %s", k, a.State, a.Reason, store.ReasonResolvedBeforeAction)
+			var d actionDetail
+			getJSON(t, http.DefaultClient, agentURL+"/api/v1/actions/"+a.ID, token, &d)
+			if !cancelled || len(d.Events) != 1 || d.Events[0].Kind != "cancel" {
+				t.Errorf("key %s resolved before any action: %s %q events %+v, want skipped %s and only a cancel event", k, a.State, a.Reason, d.Events, store.ReasonResolvedBeforeAction)
 			}
 		case "resolved_later":
-			// Either the resolution came while the action was queued, or
-			// the engine had claimed it first; the events must agree.
+			// Either the resolution came while the action was queued (perhaps
+			// back in the queue after a plan found the problem too young), or
+			// the engine had claimed it for good first; the events agree.
 			var d actionDetail
 			getJSON(t, http.DefaultClient, agentURL+"/api/v1/actions/"+a.ID, token, &d)
 			var kinds []string
 			for _, e := range d.Events {
 				kinds = append(kinds, e.Kind)
 			}
-			claimed, cancel := slices.Contains(kinds, "claim"), slices.Contains(kinds, "cancel")
-			if !(cancelled && cancel && !claimed) && !(planned && claimed && !cancel) {
+			cancel := slices.Contains(kinds, "cancel")
+			if !(cancelled && cancel) && !(planned && slices.Contains(kinds, "claim") && !cancel) {
 				t.Errorf("key %s resolved during the burst: %s %q with events %v", k, a.State, a.Reason, kinds)
 			}
 		default:
@@ -513,7 +533,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t), "--dispatch.targets-file="+targets,
 		"--dispatch.max-nodes=10", "--dispatch.max-fraction=1", "--dispatch.window=1h",
-		"--dispatch.timeout=1s", "--dispatch.max-attempts=3",
+		"--dispatch.timeout=2s", "--dispatch.max-attempts=3",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"), "--log.level=debug")
 	dispatcher := "http://" + addr
 	waitReady(t, http.DefaultClient, dispatcher)
@@ -567,7 +587,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 		t.Fatalf("healthy agent got %d requests: %+v", len(hs), hs)
 	}
 	ss := slow.get()
-	if len(ss) < 2 {
+	if len(ss) != 2 {
 		t.Fatalf("slow agent got %d requests, want a timed-out one and a retry", len(ss))
 	}
 	if !hs[0].at.Before(ss[0].end) {
@@ -601,12 +621,27 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	if h := history["node-u"]; !strings.Contains(h[len(h)-1].reason, "unreachable") {
 		t.Errorf("node-u's failure does not say why: %q", h[len(h)-1].reason)
 	}
-	if v := metricValue(t, dispatcher, "gpu_orphan_remediator_actions_total", map[string]string{"state": "failed"}); v != 1 {
-		t.Errorf("actions_total{state=\"failed\"} = %v, want 1", v)
+	// Each attempt is a claim of the action in the dispatcher's audit trail:
+	// the slow node's took two, the unreachable node's the three allowed.
+	wantClaims := map[string]int{"node-h": 1, "node-s": 2, "node-u": 3}
+	for _, a := range allActions(t, dispatcher) {
+		var d actionDetail
+		getJSON(t, http.DefaultClient, dispatcher+"/api/v1/actions/"+a.ID, token, &d)
+		claims := 0
+		for _, e := range d.Events {
+			if e.Kind == "claim" {
+				claims++
+			}
+		}
+		if claims != wantClaims[a.Node] {
+			t.Errorf("%s's alert was attempted %d times, want %d", a.Node, claims, wantClaims[a.Node])
+		}
 	}
-	if v := metricValue(t, dispatcher, "gpu_orphan_remediator_actions_total", map[string]string{"state": "succeeded"}); v != 2 {
-		t.Errorf("actions_total{state=\"succeeded\"} = %v, want 2", v)
-	}
+	// The engine records an action's end before it counts it: poll.
+	testenv.Eventually(t, 5*time.Second, "actions_total to count 1 failed and 2 succeeded forwards", func() bool {
+		return metricValue(t, dispatcher, "gpu_orphan_remediator_actions_total", map[string]string{"state": "failed"}) == 1 &&
+			metricValue(t, dispatcher, "gpu_orphan_remediator_actions_total", map[string]string{"state": "succeeded"}) == 2
+	})
 }
 
 // seen is one state of an action's record, as a poll saw it.
@@ -721,11 +756,15 @@ func TestAuthTokenGuessing(t *testing.T) {
 			t.Fatalf("correct token after the block: %d", code)
 		}
 	}
-	if code := postFrom(t, guesser, agentURL, "wrong-token-again-0123456789", body); code != http.StatusUnauthorized {
-		t.Errorf("a wrong token after the block: %d, want 401", code)
+	// Wrong tokens are checked again, and block again as soon as the
+	// regained budget is spent.
+	var again []int
+	for len(again) < 10 && !slices.Contains(again, http.StatusTooManyRequests) {
+		again = append(again, postFrom(t, guesser, agentURL, "wrong-token-again-0123456789", body))
 	}
-	if code := postFrom(t, guesser, agentURL, "wrong-token-again-0123456789", body); code != http.StatusTooManyRequests {
-		t.Errorf("and another right after: %d, want 429", code)
+	if n := len(again); again[0] != http.StatusUnauthorized || again[n-1] != http.StatusTooManyRequests ||
+		slices.ContainsFunc(again[:n-1], func(c int) bool { return c != http.StatusUnauthorized }) {
+		t.Errorf("wrong tokens after the block: %v, want 401s, then 429", again)
 	}
 }
 
@@ -881,7 +920,8 @@ func TestUnhealthySnapshotNeverSignals(t *testing.T) {
 			metricValue(t, agentURL, "gpu_orphan_remediator_signals_total", map[string]string{"signal": "SIGKILL"})
 	}
 
-	// The whole driver fails.
+	// The whole driver fails. The alert is recorded (the GPU was listed
+	// before), and its action waits: never acted on a failing snapshot.
 	if err := sim.WriteFaults(root, sim.Faults{Error: "GPU is lost", GPU: sim.AllGPUs}); err != nil {
 		t.Fatal(err)
 	}
@@ -890,28 +930,23 @@ func TestUnhealthySnapshotNeverSignals(t *testing.T) {
 		return code == http.StatusServiceUnavailable
 	})
 	code, body := post(t, agentURL, token, payload(alert("firing", "node-a", uuid, fp(50), startsAt)))
-	if code != http.StatusOK {
+	if code != http.StatusOK || results(t, body)["accepted"] != 1 {
 		t.Fatalf("post while the driver fails: %d %s", code, body)
 	}
-	t.Logf("while the driver fails, the intake answers: %s", strings.TrimSpace(body))
-	var reply intake.Reply
-	json.Unmarshal([]byte(body), &reply)
-	if len(reply.Alerts) != 1 {
-		t.Fatalf("reply %s", body)
+	waiting := func(fingerprint, reason string) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, "the action to wait on "+reason, func() bool {
+			for _, a := range actions(t, agentURL) {
+				if a.AlertFingerprint == fingerprint {
+					return a.State == remediate.StateQueued && strings.HasPrefix(a.Reason, "waiting: "+reason)
+				}
+			}
+			return false
+		})
 	}
-	switch o := reply.Alerts[0]; o.Result {
-	case store.ResultIgnored:
-		// No snapshot lists the GPU, so the alert is not taken as work.
-	case store.ResultAccepted:
-		a := finished(t, agentURL, 20*time.Second)
-		if a.State != remediate.StateSkipped || !strings.HasPrefix(a.Reason, "snapshot_unhealthy") {
-			t.Errorf("action while the driver fails: %s %q", a.State, a.Reason)
-		}
-	default:
-		t.Errorf("alert while the driver fails: %+v", o)
-	}
+	waiting(fp(50), "snapshot_unhealthy")
 
-	// Only GPU 1 fails: the alert is work, and its plan is skipped.
+	// Only GPU 1 fails: a new alert's action waits too.
 	if err := sim.WriteFaults(root, sim.Faults{Error: "GPU is lost", GPU: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -923,10 +958,7 @@ func TestUnhealthySnapshotNeverSignals(t *testing.T) {
 	if code != http.StatusOK || results(t, body)["accepted"] != 1 {
 		t.Fatalf("post while GPU 1 fails: %d %s", code, body)
 	}
-	a := finished(t, agentURL, 20*time.Second)
-	if a.State != remediate.StateSkipped || a.Reason != "gpu_read_failed: GPU is lost" || len(a.Targets) != 0 {
-		t.Errorf("action while GPU 1 fails: %s %q targets %+v", a.State, a.Reason, a.Targets)
-	}
+	waiting(fp(51), "gpu_read_failed")
 	if s := signals(); s != 0 {
 		t.Fatalf("%v signals sent while the driver failed", s)
 	}
@@ -936,26 +968,34 @@ func TestUnhealthySnapshotNeverSignals(t *testing.T) {
 		}
 	}
 
-	// The driver recovers: a new alert acts, and the memory comes back.
+	// The driver recovers: the waiting work acts on a healthy snapshot, once.
 	if err := sim.ClearFaults(root); err != nil {
 		t.Fatal(err)
 	}
-	code, body = post(t, agentURL, token, payload(alert("firing", "node-a", uuid, fp(52), startsAt)))
-	if code != http.StatusOK || results(t, body)["accepted"] != 1 {
-		t.Fatalf("post after recovery: %d %s", code, body)
-	}
-	var done remediate.Action
-	testenv.Eventually(t, 30*time.Second, "the new alert's action to finish", func() bool {
+	testenv.Eventually(t, 30*time.Second, "both actions to finish", func() bool {
+		n := 0
 		for _, a := range actions(t, agentURL) {
-			if a.AlertFingerprint == fp(52) && a.State != remediate.StateQueued && a.State != remediate.StateRunning {
-				done = a
-				return true
+			if a.State != remediate.StateQueued && a.State != remediate.StateRunning {
+				n++
 			}
 		}
-		return false
+		return n == 2
 	})
-	if done.State != remediate.StateSucceeded || len(done.Targets) != 2 {
-		t.Fatalf("after recovery: %s %q targets %+v", done.State, done.Reason, done.Targets)
+	succeeded := 0
+	for _, a := range actions(t, agentURL) {
+		switch a.State {
+		case remediate.StateSucceeded:
+			succeeded++
+			if len(a.Targets) != 2 {
+				t.Errorf("targets %+v", a.Targets)
+			}
+		case remediate.StateSkipped: // the other found nothing left to do
+		default:
+			t.Errorf("action %s: %s %q", a.AlertFingerprint, a.State, a.Reason)
+		}
+	}
+	if succeeded != 1 {
+		t.Errorf("%d actions succeeded, want exactly one", succeeded)
 	}
 	for _, c := range w.Children {
 		if testenv.Alive(c) {

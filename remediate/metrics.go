@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Signals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "signals_total",
 			Help: "Signals sent, through pidfds."}, []string{"signal"}),
 		Limited: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "limited_total",
-			Help: "Work held back by a limit: cooldown, node_rate, concurrency, breaker, fleet_rate, store."}, []string{"limit"}),
+			Help: "Work held back by a limit: cooldown, gpu_busy, node_rate, concurrency, breaker, fleet_rate, or store (the audit store cannot be written)."}, []string{"limit"}),
 		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "breaker_open",
 			Help: "1 while the circuit breaker is open: no acting until POST /api/v1/breaker/reset."}),
 		QueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_depth",
@@ -57,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, s := range []string{"SIGTERM", "SIGKILL"} {
 		m.Signals.WithLabelValues(s)
 	}
-	for _, l := range []string{"cooldown", "node_rate", "concurrency", "breaker", "fleet_rate", "store"} {
+	for _, l := range []string{"cooldown", "gpu_busy", "node_rate", "concurrency", "breaker", "fleet_rate", "store"} {
 		m.Limited.WithLabelValues(l)
 	}
 	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.ActionDuration,

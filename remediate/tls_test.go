@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 )
@@ -89,7 +92,9 @@ func writeFile(t *testing.T, dir, name string, b []byte) string {
 }
 
 // tlsClient trusts ca and, when certPEM is given, presents that client
-// certificate. Each client has its own connections.
+// certificate whatever CAs the server asks for (Go's client would otherwise
+// leave out a certificate the server's CA list does not name, as an
+// attacker's client would not). Each client has its own connections.
 func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
 	t.Helper()
 	pool := x509.NewCertPool()
@@ -100,7 +105,7 @@ func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Certificates = []tls.Certificate{pair}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }
 	}
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
 }
@@ -162,18 +167,19 @@ func TestTLSClientCertificates(t *testing.T) {
 	// A certificate from another CA: the server refuses the handshake,
 	// with or without a token.
 	for _, tok := range []string{"", token} {
-		r = deliver(wrongCA, base, tok, payload(alert("firing", "node-a", uuid, fp(63), startsAt)))
-		if r.err == nil {
-			t.Errorf("certificate from another CA (token %t): answered %d %s, want a failed handshake", tok != "", r.code, r.body)
-		} else if !strings.Contains(r.err.Error(), "tls") {
-			t.Errorf("certificate from another CA: %v, want a TLS error", r.err)
-		} else {
-			t.Logf("certificate from another CA: %v", r.err)
+		code, body, err := postOnce(wrongCA, base, tok, payload(alert("firing", "node-a", uuid, fp(63), startsAt)))
+		switch {
+		case err == nil:
+			t.Errorf("certificate from another CA (token %t): answered %d %s, want a failed handshake", tok != "", code, body)
+		case !strings.Contains(err.Error(), "tls"):
+			t.Errorf("certificate from another CA: %v, want a TLS error", err)
+		default:
+			t.Logf("certificate from another CA: %v", err)
 		}
 	}
 	// Plain HTTP is not served.
-	if r = deliver(http.DefaultClient, "http://"+addr, token, payload(alert("firing", "node-a", uuid, fp(64), startsAt))); r.err == nil && r.code == http.StatusOK {
-		t.Errorf("plain HTTP was served: %d", r.code)
+	if code, body, err := postOnce(http.DefaultClient, "http://"+addr, token, payload(alert("firing", "node-a", uuid, fp(64), startsAt))); err == nil && code != http.StatusBadRequest {
+		t.Errorf("plain HTTP: %d %s", code, body)
 	}
 
 	// Only the certificate's and the token's notifications were recorded.
@@ -185,7 +191,16 @@ func TestTLSClientCertificates(t *testing.T) {
 			t.Errorf("an unauthenticated alert made an action: %+v", a)
 		}
 	}
-	_, mfs := testenv.ScrapeWith(t, noCert, base+"/metrics")
+	resp, err := noCert.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_auth_failures_total", nil); v != 1 {
 		t.Errorf("auth_failures_total = %v, want 1 (the request without certificate or token)", v)
 	}

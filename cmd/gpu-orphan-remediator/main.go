@@ -147,6 +147,7 @@ func serve(f *flags, logger *slog.Logger) error {
 		exec     engine.Executor
 		classify intake.Classifier
 		breaker  api.Breaker
+		resolved func(store.Alert)
 		ready    = func() error { return nil }
 		status   = api.Status{Role: *f.role, Node: *f.nodeName}
 	)
@@ -172,12 +173,21 @@ func serve(f *flags, logger *slog.Logger) error {
 		}
 		exec, breaker = d, fleet
 		classify = dispatchClassifier(*f.nodeLabel, *f.uuidLabel, d)
+		// Resolved alerts go on to the node, to cancel its queued work.
+		resolved = func(a store.Alert) {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), *f.dispatch.timeout)
+				defer cancel()
+				d.ForwardResolved(ctx, a.Node, a.GPUUUID, a.Fingerprint, a.StartsAt)
+			}()
+		}
 	}
 	eng := engine.New(st, exec, 0, metrics, logger)
 	if err := eng.Recover(ctx); err != nil {
 		return fmt.Errorf("marking interrupted actions: %w", err)
 	}
-	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: classify, MaxBodyBytes: *f.maxBody, Wake: eng.Wake, Metrics: metrics, Logger: logger})
+	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: classify, MaxBodyBytes: *f.maxBody, Wake: eng.Wake,
+		Resolved: resolved, Metrics: metrics, Logger: logger})
 	router, err := api.NewRouter(api.Config{
 		Webhook: webhook, Auth: auth, Store: st, Breaker: breaker, Registry: reg, Logger: logger,
 		Ready: func() error {
@@ -200,9 +210,12 @@ func serve(f *flags, logger *slog.Logger) error {
 		return err
 	}
 
+	// Running cleanups get the grace period plus the verification time to
+	// finish on shutdown.
+	drain := *f.remediation.Grace + *f.remediation.VerifyTimeout + 5*time.Second
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan struct{})
-	go func() { eng.Run(engCtx); close(engDone) }()
+	go func() { eng.Run(engCtx, drain); close(engDone) }()
 
 	logger.Info("Starting gpu-orphan-remediator", "version", version.Info(), "role", *f.role, "node", *f.nodeName,
 		"act", *f.remediation.Act, "policy", *f.remediation.Policy, "store", *f.storePath)
@@ -220,10 +233,7 @@ func serve(f *flags, logger *slog.Logger) error {
 	// Let running cleanups finish their ladder and verification; an action
 	// cut short here is marked interrupted at the next start.
 	stopEngine()
-	select {
-	case <-engDone:
-	case <-time.After(*f.remediation.Grace + 35*time.Second):
-	}
+	<-engDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

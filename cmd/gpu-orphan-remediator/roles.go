@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
@@ -19,17 +20,37 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
-// gpuSet answers whether a UUID names one of this node's GPUs, from the
-// latest snapshot that listed any.
-type gpuSet struct{ loop *snapshot.Loop }
+// gpuSet answers whether a UUID names one of this node's GPUs. It keeps
+// the GPUs of the last snapshot that listed any, so that alerts arriving
+// while the driver fails are still recorded (the decision later refuses to
+// act on the failing snapshot, and retries).
+type gpuSet struct {
+	loop *snapshot.Loop
+	mu   *sync.Mutex
+	last map[string]bool
+}
+
+func newGPUSet(loop *snapshot.Loop) gpuSet {
+	g := gpuSet{loop: loop, mu: &sync.Mutex{}, last: map[string]bool{}}
+	g.update()
+	return g
+}
+
+// update remembers the GPUs of the latest snapshot, if it listed any.
+func (g gpuSet) update() {
+	if s := g.loop.Latest(); s != nil && len(s.GPUs) > 0 {
+		clear(g.last)
+		for _, gp := range s.GPUs {
+			g.last[gp.Device.UUID] = true
+		}
+	}
+}
 
 func (g gpuSet) KnownGPU(uuid string) bool {
-	s := g.loop.Latest()
-	if s == nil {
-		return false
-	}
-	_, ok := s.GPUByID(uuid)
-	return ok && strings.Contains(uuid, "-")
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.update()
+	return g.last[uuid]
 }
 
 func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Node, gpuSet, *limits.Limiter, error) {
@@ -63,7 +84,7 @@ func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metri
 	if !*f.remediation.Act {
 		logger.Warn("Dry run: plans are recorded, nothing is signalled. Start with --act to clean up.")
 	}
-	return node, gpuSet{loop}, limiter, nil
+	return node, newGPUSet(loop), limiter, nil
 }
 
 // breaker is what the node's limiter and the dispatcher's fleet share.

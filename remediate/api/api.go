@@ -152,7 +152,7 @@ func (cfg Config) getAction(w http.ResponseWriter, r *http.Request) {
 func (cfg Config) resetBreaker(w http.ResponseWriter, r *http.Request) {
 	was := cfg.Breaker.BreakerOpen()
 	cfg.Breaker.Reset()
-	cfg.Logger.Warn("Circuit breaker reset by request", "source", r.RemoteAddr, "was_open", was)
+	cfg.Logger.Warn("Circuit breaker reset by request", "remote", r.RemoteAddr, "was_open", was)
 	writeJSON(w, http.StatusOK, map[string]bool{"was_open": was, "open": cfg.Breaker.BreakerOpen()})
 }
 

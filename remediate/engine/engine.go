@@ -79,15 +79,30 @@ func (e *Engine) StoreErr() error {
 	return e.storeErr
 }
 
-// Run works the queue until ctx ends, then waits for running actions.
-func (e *Engine) Run(ctx context.Context) {
+// Run works the queue until ctx ends. Running actions then get up to drain
+// to finish their ladder and verification; one still running after that is
+// cut short, left running in the store, and marked interrupted at the next
+// start.
+func (e *Engine) Run(ctx context.Context, drain time.Duration) {
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(drain):
+			e.logger.Warn("Running actions did not finish in time; cutting them short", "drain", drain)
+			stopWork()
+			<-done
+		}
+	}()
 	sem := make(chan struct{}, e.workers)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		e.round(ctx, &wg, sem)
+		e.round(ctx, work, &wg, sem)
 		select {
 		case <-ctx.Done():
 			return
@@ -97,7 +112,9 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
-func (e *Engine) round(ctx context.Context, wg *sync.WaitGroup, sem chan struct{}) {
+// round starts the queued actions that are due. ctx stops the round;
+// work is the context the actions run under.
+func (e *Engine) round(ctx, work context.Context, wg *sync.WaitGroup, sem chan struct{}) {
 	// Refuse to act without a record: prove the store can write first.
 	err := e.store.Ping(ctx)
 	e.mu.Lock()
@@ -106,6 +123,7 @@ func (e *Engine) round(ctx context.Context, wg *sync.WaitGroup, sem chan struct{
 	e.mu.Unlock()
 	if err != nil {
 		e.metrics.StoreUp.Set(0)
+		e.metrics.Limited.WithLabelValues("store").Inc()
 		if changed {
 			e.logger.Error("Audit store cannot be written: refusing to act until it recovers", "err", err)
 		}
@@ -142,7 +160,7 @@ func (e *Engine) round(ctx context.Context, wg *sync.WaitGroup, sem chan struct{
 		go func(id string) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			e.done(id, e.process(ctx, id))
+			e.done(id, e.process(work, id))
 		}(a.ID)
 	}
 }

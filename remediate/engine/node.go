@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -76,9 +77,12 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 		"skip_reason", plan.SkipReason, "targets", targetSummary(a.Targets), "dry_run", a.DryRun)
 
 	if !plan.Act {
-		if plan.SkipReason == decide.SkipTooYoung && time.Since(a.StartedAt) < n.cfg.MaxWait {
+		// A problem too young to act on, or a snapshot we cannot trust (a
+		// failing or hung driver), is looked at again later rather than
+		// dropped, up to MaxWait after the alert arrived.
+		if retry, ok := retryable(plan.SkipReason, n.cfg.Decide.MinAge); ok && time.Since(a.StartedAt) < n.cfg.MaxWait {
 			a.State, a.Reason = remediate.StateQueued, "waiting: "+plan.SkipReason
-			return a, n.cfg.Decide.MinAge / 4
+			return a, retry
 		}
 		a.State, a.Reason = remediate.StateSkipped, plan.SkipReason
 		return a, 0
@@ -109,6 +113,17 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 		permit.Done(limits.Failed)
 	}
 	return a, 0
+}
+
+// retryable says whether a skipped plan is worth another look, and when.
+func retryable(skipReason string, minAge time.Duration) (time.Duration, bool) {
+	switch {
+	case skipReason == decide.SkipTooYoung:
+		return max(minAge/4, 100*time.Millisecond), true
+	case strings.HasPrefix(skipReason, decide.SkipSnapshotUnhealthy), strings.HasPrefix(skipReason, decide.SkipGPUReadFailed):
+		return 2 * time.Second, true
+	}
+	return 0, false
 }
 
 // Act runs the kill ladder on the plan's targets and verifies that the

@@ -93,7 +93,7 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		a.metrics.AuthFailures.Inc()
 		a.metrics.Requests.WithLabelValues("401").Inc()
 		a.recordFailure(source)
-		a.logger.Warn("Rejected unauthenticated request", "source", source, "path", r.URL.Path)
+		a.logger.Warn("Rejected unauthenticated request", "remote", source, "path", r.URL.Path)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="gpu-orphan-remediator"`)
 		httpError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 	})

@@ -40,9 +40,12 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int64
 	// Wake is called after alerts were accepted or resolved, to start work.
-	Wake    func()
-	Metrics *remediate.Metrics
-	Logger  *slog.Logger
+	Wake func()
+	// Resolved, if set, is called for each recorded resolved alert that is
+	// work for this receiver (the dispatcher passes it on to the node).
+	Resolved func(store.Alert)
+	Metrics  *remediate.Metrics
+	Logger   *slog.Logger
 }
 
 // Handler serves POST /api/v1/alerts.
@@ -70,7 +73,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	code, err := h.serve(w, r)
 	h.cfg.Metrics.Requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	if err != nil {
-		h.cfg.Logger.Warn("Rejected webhook request", "code", code, "source", sourceOf(r), "err", err)
+		h.cfg.Logger.Warn("Rejected webhook request", "code", code, "remote", sourceOf(r), "err", err)
 		httpError(w, code, "%v", err)
 	}
 }
@@ -127,9 +130,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (int, error) {
 		h.cfg.Metrics.Notifications.WithLabelValues(o.Result).Inc()
 		wake = wake || o.Result == "accepted" || o.Result == "resolved"
 	}
-	h.cfg.Logger.Info("Notification recorded", "source", n.Remote, "receiver", n.Receiver, "alerts", len(outcomes), "results", reply.Results)
+	h.cfg.Logger.Info("Notification recorded", "remote", n.Remote, "receiver", n.Receiver, "alerts", len(outcomes), "results", reply.Results)
 	if wake {
 		h.cfg.Wake()
+	}
+	if h.cfg.Resolved != nil {
+		for _, a := range n.Alerts {
+			if a.Candidate && a.Status == "resolved" {
+				h.cfg.Resolved(a)
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
