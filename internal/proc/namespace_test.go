@@ -2,6 +2,7 @@ package proc
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -36,4 +37,60 @@ func TestNamespaceReal(t *testing.T) {
 	if err != nil || len(nspid) == 0 || nspid[0] != os.Getpid() {
 		t.Errorf("SelfNSpid = %v, %v; want it to start with %d", nspid, err, os.Getpid())
 	}
+}
+
+// TestNamespaceFallbacks: where PID 1's ns link cannot be read (ptrace
+// rights), kernel threads or the reader's own NSpid still tell.
+func TestNamespaceFallbacks(t *testing.T) {
+	write := func(t *testing.T, root, name, data string) {
+		t.Helper()
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("kthreadd shows the initial namespace", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "2/stat", "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n")
+		fs, err := NewFS(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns, err := fs.PIDNamespace(); err != nil || ns != "pid:[4026531836]" {
+			t.Errorf("PIDNamespace = %q, %v", ns, err)
+		}
+	})
+	t.Run("a container's own procfs", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "7/status", "Name:\tx\nNSpid:\t7\n")
+		write(t, root, "2/stat", "2 (bash) S 1 2 2 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n")
+		if err := os.MkdirAll(filepath.Join(root, "7", "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("pid:[4026532999]", filepath.Join(root, "7", "ns", "pid")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("7", filepath.Join(root, "self")); err != nil {
+			t.Fatal(err)
+		}
+		fs, err := NewFS(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns, err := fs.PIDNamespace(); err != nil || ns != "pid:[4026532999]" {
+			t.Errorf("PIDNamespace = %q, %v", ns, err)
+		}
+	})
+	t.Run("nothing to tell by", func(t *testing.T) {
+		fs, err := NewFS(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns, err := fs.PIDNamespace(); err == nil {
+			t.Errorf("PIDNamespace = %q with nothing to read", ns)
+		}
+	})
 }
