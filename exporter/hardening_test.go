@@ -783,7 +783,7 @@ func TestHardeningDriverFaults(t *testing.T) {
 			// A snapshot whose driver read failed has no GPUs: nothing stale.
 			noGPUNumbers(mfs, nil)
 		})
-		logHas(regexp.MustCompile(`level=ERROR .*msg="Snapshot source failed" (logged_)?source=sim err="reading GPUs through sim: ` + unloaded + `"`))
+		logHas(regexp.MustCompile(`level=ERROR .*msg="Snapshot source failed" input=sim err="reading GPUs through sim: ` + unloaded + `"`))
 		clear()
 
 		// (c) The driver hangs for far longer than --nvml.timeout.
@@ -822,7 +822,7 @@ func TestHardeningDriverFaults(t *testing.T) {
 		if limit := hardenTimeout + hardenInterval + 2*time.Second; hangAgeMax > limit {
 			t.Errorf("snapshot age reached %s under a hang, want <= %s", hangAgeMax, limit)
 		}
-		logHas(regexp.MustCompile(`level=ERROR .*msg="Snapshot source failed" (logged_)?source=sim err="(reading GPUs through sim: context deadline exceeded|` + regexp.QuoteMeta("an earlier GPU driver call is still hung") + `)"`))
+		logHas(regexp.MustCompile(`level=ERROR .*msg="Snapshot source failed" input=sim err="(reading GPUs through sim: context deadline exceeded|` + regexp.QuoteMeta("an earlier GPU driver call is still hung") + `)"`))
 		clear()
 	}
 	report(t, fmt.Sprintf("FAULT cycles=%d gpu_error_detect=%s read_error_detect=%s hang_detect=%s hang_scrape_max=%s hang_age_max=%s hang_snapshots_3s=%d recover_max=%s scrape_max=%s",

@@ -65,7 +65,7 @@ func describe(s *snapshot.Snapshot) []logLine {
 	var out []logLine
 	for _, src := range s.Sources {
 		if src.Err != nil {
-			out = append(out, logLine{slog.LevelError, "Snapshot source failed", []any{"source", src.Name, "err", src.Err.Error()}})
+			out = append(out, logLine{slog.LevelError, "Snapshot source failed", []any{"input", src.Name, "err", src.Err.Error()}})
 		}
 	}
 	if len(s.GPUs) > 0 && !s.HostPIDsVisible {

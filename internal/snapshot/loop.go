@@ -47,6 +47,11 @@ func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
 	s := l.taker.Take(ctx, forceScan)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.latest != nil && s.Taken.Before(l.latest.Taken) {
+		// A concurrent refresh that started later finished first: keep
+		// the newer one, so time never runs backwards for readers.
+		return s
+	}
 	l.age(s)
 	l.latest = s
 	close(l.ticked)
