@@ -247,7 +247,7 @@ func benchScrape(b *testing.B, root string, interval time.Duration) string {
 	})
 	<-first
 
-	handler, err := exporter.NewHandler(exporter.NewRegistry(loop, logger), "/metrics", logger)
+	handler, err := exporter.NewHandler(exporter.NewGatherer(exporter.NewRegistry(loop, logger), loop), "/metrics", logger)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -11,8 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 )
 
 // NewRegistry returns the exporter's registry: the snapshot collector plus
@@ -39,12 +43,12 @@ const (
 	maxScrapeWait      = 10 * time.Second
 )
 
-// NewHandler serves metrics at telemetryPath, /-/healthy and a landing page.
-func NewHandler(reg *prometheus.Registry, telemetryPath string, logger *slog.Logger) (http.Handler, error) {
+// NewHandler serves metrics from g at telemetryPath, /-/healthy and a
+// landing page. g is NewGatherer's in production.
+func NewHandler(g prometheus.Gatherer, telemetryPath string, logger *slog.Logger) (http.Handler, error) {
 	r := mux.NewRouter()
-	r.Handle(telemetryPath, queueInFlight(promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+	r.Handle(telemetryPath, queueInFlight(promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError),
-		Registry: reg,
 	}), maxScrapesInFlight, maxScrapeWait))
 	r.HandleFunc("/-/healthy", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "Healthy")
@@ -65,6 +69,46 @@ func NewHandler(reg *prometheus.Registry, telemetryPath string, logger *slog.Log
 		r.Handle("/", landing)
 	}
 	return r, nil
+}
+
+// gatherTTL is how long one gathering serves further scrapes of the same
+// snapshot. The GPU figures change only with a new snapshot, which always
+// gathers anew; only the exporter's own Go and process figures may be this
+// much older. Sharing a gathering keeps scrape latency low and flat when
+// many scrapers arrive together.
+const gatherTTL = time.Second
+
+// NewGatherer serves one gathering of reg to every scrape of the same
+// snapshot within gatherTTL; scrapes that arrive during a gathering wait
+// for it rather than start their own.
+func NewGatherer(reg prometheus.Gatherer, src Source) prometheus.Gatherer {
+	return &cachedGatherer{g: reg, src: src, ttl: gatherTTL}
+}
+
+type cachedGatherer struct {
+	g   prometheus.Gatherer
+	src Source
+	ttl time.Duration
+
+	mu       sync.Mutex
+	at       time.Time
+	snapshot *snapshot.Snapshot
+	mfs      []*dto.MetricFamily
+	err      error
+}
+
+// Gather implements prometheus.Gatherer. The families are shared between
+// scrapes: promhttp only reads them.
+func (c *cachedGatherer) Gather() ([]*dto.MetricFamily, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	latest := c.src.Latest()
+	if c.snapshot != nil && latest == c.snapshot && time.Since(c.at) < c.ttl {
+		return c.mfs, c.err
+	}
+	c.mfs, c.err = c.g.Gather()
+	c.at, c.snapshot = time.Now(), latest
+	return c.mfs, c.err
 }
 
 // queueInFlight lets n requests through h at a time; the others wait for a

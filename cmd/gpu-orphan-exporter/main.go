@@ -64,7 +64,7 @@ func run() int {
 	go loop.Run(ctx)
 	go cli.LogChanges(ctx, logger, loop)
 
-	handler, err := exporter.NewHandler(exporter.NewRegistry(loop, logger), *telemetryPath, logger)
+	handler, err := exporter.NewHandler(exporter.NewGatherer(exporter.NewRegistry(loop, logger), loop), *telemetryPath, logger)
 	if err != nil {
 		logger.Error("Cannot start", "err", err)
 		return 1
