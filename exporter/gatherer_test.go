@@ -17,7 +17,9 @@ func (c *countingGatherer) Gather() ([]*dto.MetricFamily, error) {
 	return nil, nil
 }
 
-type switchableSource struct{ s atomic.Pointer[snapshot.Snapshot] }
+type switchableSource struct {
+	s atomic.Pointer[snapshot.Snapshot]
+}
 
 func (s *switchableSource) Latest() *snapshot.Snapshot { return s.s.Load() }
 func (s *switchableSource) OrphanBytes() uint64        { return 0 }

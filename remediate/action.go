@@ -4,7 +4,11 @@
 // ladder), limits (how often), store (the audit record).
 package remediate
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+)
 
 // Action states, as GET /api/v1/actions reports them. These names are a
 // contract with outside tooling.
@@ -89,6 +93,16 @@ type ProcessInfo struct {
 	Cgroup    string `json:"cgroup,omitempty"`
 	Container string `json:"container,omitempty"`
 	Pod       string `json:"pod,omitempty"`
+}
+
+// NewProcessInfo is a process's identity as the audit record keeps it.
+func NewProcessInfo(p proc.Process) ProcessInfo {
+	return ProcessInfo{
+		PID: p.PID, PPID: p.PPID, PGID: p.PGID, SID: p.SID,
+		StartTime: p.StartTime, State: p.State, User: p.User,
+		Comm: p.Comm, Command: p.Cmdline, Cgroup: p.Cgroup,
+		Container: p.Container, Pod: p.Pod,
+	}
 }
 
 // Target is one process the plan signals, with why, and what happened.

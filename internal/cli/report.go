@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
 )
 
 // Report is the JSON view of a snapshot that `gpu-orphan ps -o json`
@@ -53,21 +54,12 @@ type ReportOwner struct {
 	Alive     bool   `json:"alive"`
 }
 
-// ReportHolder is one suspect holder.
+// ReportHolder is one suspect holder: its identity, as the remediator's
+// audit record keeps it, and why it is a suspect.
 type ReportHolder struct {
-	PID       int    `json:"pid"`
-	PPID      int    `json:"ppid"`
-	PGID      int    `json:"pgid"`
-	SID       int    `json:"sid"`
-	StartTime uint64 `json:"start_time"`
-	User      string `json:"user"`
-	Comm      string `json:"comm"`
-	Command   string `json:"command"`
-	Cgroup    string `json:"cgroup,omitempty"`
-	Container string `json:"container,omitempty"`
-	Pod       string `json:"pod,omitempty"`
-	Reason    string `json:"reason"`
-	Listed    bool   `json:"listed_by_nvml"`
+	remediate.ProcessInfo
+	Reason string `json:"reason"`
+	Listed bool   `json:"listed_by_nvml"`
 }
 
 // NewReport builds the JSON view of s.
@@ -107,9 +99,5 @@ func NewReport(s *snapshot.Snapshot, devicePath func(minor int) string) Report {
 
 // NewReportHolder is the JSON view of one process.
 func NewReportHolder(p proc.Process, reason string, listed bool) ReportHolder {
-	return ReportHolder{
-		PID: p.PID, PPID: p.PPID, PGID: p.PGID, SID: p.SID, StartTime: p.StartTime,
-		User: p.User, Comm: p.Comm, Command: p.Cmdline, Cgroup: p.Cgroup, Container: p.Container, Pod: p.Pod,
-		Reason: reason, Listed: listed,
-	}
+	return ReportHolder{ProcessInfo: remediate.NewProcessInfo(p), Reason: reason, Listed: listed}
 }

@@ -232,18 +232,18 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 		}
 		if why != "" {
 			excluded[c.PID] = true
-			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: info(c.Process), Why: why})
+			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: remediate.NewProcessInfo(c.Process), Why: why})
 			continue
 		}
 		targeted[c.PID] = true
-		p.Targets = append(p.Targets, remediate.Target{ProcessInfo: info(c.Process), Reason: c.reason})
+		p.Targets = append(p.Targets, remediate.Target{ProcessInfo: remediate.NewProcessInfo(c.Process), Reason: c.reason})
 	}
 	// The memory we leave on this GPU belongs to someone: say to whom.
 	for _, o := range g.Owners {
 		pid := int(o.PID)
 		if o.Alive && o.Process != nil && !targeted[pid] && !excluded[pid] {
 			excluded[pid] = true
-			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: info(*o.Process), Why: WhyOwnsLiveMemory})
+			p.Excluded = append(p.Excluded, remediate.Exclusion{ProcessInfo: remediate.NewProcessInfo(*o.Process), Why: WhyOwnsLiveMemory})
 		}
 	}
 	if len(p.Targets) == 0 {
@@ -369,7 +369,7 @@ func (p *Plan) wholeGroups(cfg Config, w world, groups GroupLister, targeted map
 		}
 		for _, m := range extra {
 			targeted[m.PID] = true
-			p.Targets = append(p.Targets, remediate.Target{ProcessInfo: info(m), Reason: ReasonGroupMember, WholeGroup: true})
+			p.Targets = append(p.Targets, remediate.Target{ProcessInfo: remediate.NewProcessInfo(m), Reason: ReasonGroupMember, WholeGroup: true})
 		}
 		p.Groups = append(p.Groups, pgid)
 	}
@@ -428,22 +428,4 @@ func evidence(s *snapshot.Snapshot, g snapshot.GPU, now time.Time) remediate.Mem
 		}
 	}
 	return e
-}
-
-// info is a process's identity as the audit record keeps it.
-func info(p proc.Process) remediate.ProcessInfo {
-	return remediate.ProcessInfo{
-		PID:       p.PID,
-		PPID:      p.PPID,
-		PGID:      p.PGID,
-		SID:       p.SID,
-		StartTime: p.StartTime,
-		State:     p.State,
-		User:      p.User,
-		Comm:      p.Comm,
-		Command:   p.Cmdline,
-		Cgroup:    p.Cgroup,
-		Container: p.Container,
-		Pod:       p.Pod,
-	}
 }

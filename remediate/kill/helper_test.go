@@ -132,7 +132,7 @@ func targetOf(t *testing.T, fs proc.FS, pid int) remediate.Target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return remediate.Target{ProcessInfo: info(p), Reason: "inherited_from_dead_owner"}
+	return remediate.Target{ProcessInfo: remediate.NewProcessInfo(p), Reason: "inherited_from_dead_owner"}
 }
 
 // state is field 3 of /proc/PID/stat, "" when the process is gone.

@@ -355,7 +355,7 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 				l.logger().Warn("late group member left alone", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "why", why)
 				continue
 			}
-			late = append(late, remediate.Target{ProcessInfo: info(m), Reason: ReasonLateGroupMember, WholeGroup: true})
+			late = append(late, remediate.Target{ProcessInfo: remediate.NewProcessInfo(m), Reason: ReasonLateGroupMember, WholeGroup: true})
 		}
 	}
 	return late
@@ -417,14 +417,4 @@ func stat(pfs procfs.FS, pid int) (procfs.ProcStat, error) {
 // gone reports whether err says the process no longer exists.
 func gone(err error) bool {
 	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
-}
-
-// info is a process's identity as the audit record keeps it.
-func info(p proc.Process) remediate.ProcessInfo {
-	return remediate.ProcessInfo{
-		PID: p.PID, PPID: p.PPID, PGID: p.PGID, SID: p.SID,
-		StartTime: p.StartTime, State: p.State, User: p.User,
-		Comm: p.Comm, Command: p.Cmdline, Cgroup: p.Cgroup,
-		Container: p.Container, Pod: p.Pod,
-	}
 }
