@@ -5,9 +5,11 @@
 package remediate
 
 import (
+	"slices"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 )
 
 // Action states, as GET /api/v1/actions reports them. These names are a
@@ -77,6 +79,24 @@ type MemoryEvidence struct {
 	UnownedAgeSeconds float64   `json:"unowned_age_seconds"`
 	DeadOwnerPIDs     []uint32  `json:"dead_owner_pids,omitempty"`
 	HolderPIDs        []int     `json:"holder_pids,omitempty"`
+}
+
+// NewMemoryEvidence records a GPU's memory as the snapshot taken at `at`
+// saw it; now dates the age of its memory with no live owner.
+func NewMemoryEvidence(g snapshot.GPU, at, now time.Time) MemoryEvidence {
+	e := MemoryEvidence{
+		At: at, UsedBytes: g.Memory.Used, OwnedLiveBytes: g.OwnedLiveBytes, OwnedDeadBytes: g.OwnedDeadBytes,
+		UnownedBytes: g.UnownedBytes, HolderPIDs: slices.Clone(g.HolderPIDs),
+	}
+	if !g.UnownedSince.IsZero() {
+		e.UnownedAgeSeconds = now.Sub(g.UnownedSince).Seconds()
+	}
+	for _, o := range g.Owners {
+		if !o.Alive {
+			e.DeadOwnerPIDs = append(e.DeadOwnerPIDs, o.PID)
+		}
+	}
+	return e
 }
 
 // ProcessInfo is the identity of a process, as recorded for evidence.

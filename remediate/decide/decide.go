@@ -177,7 +177,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	g, found := s.GPUByID(gpuID)
 	if found {
 		p.GPUUUID, p.GPUIndex = g.Device.UUID, g.Device.Index
-		p.Before = evidence(s, g, now)
+		p.Before = remediate.NewMemoryEvidence(g, s.Taken, now)
 	}
 	// A failed source may have left any GPU's numbers stale or partial.
 	if !s.Healthy() {
@@ -407,25 +407,4 @@ func groupExtras(cfg Config, w world, groups GroupLister, targeted map[int]bool,
 func (p *Plan) sort() {
 	slices.SortFunc(p.Targets, func(a, b remediate.Target) int { return a.PID - b.PID })
 	slices.SortFunc(p.Excluded, func(a, b remediate.Exclusion) int { return a.PID - b.PID })
-}
-
-// evidence records the GPU's memory as the plan saw it.
-func evidence(s *snapshot.Snapshot, g snapshot.GPU, now time.Time) remediate.MemoryEvidence {
-	e := remediate.MemoryEvidence{
-		At:             s.Taken,
-		UsedBytes:      g.Memory.Used,
-		OwnedLiveBytes: g.OwnedLiveBytes,
-		OwnedDeadBytes: g.OwnedDeadBytes,
-		UnownedBytes:   g.UnownedBytes,
-		HolderPIDs:     slices.Clone(g.HolderPIDs),
-	}
-	if !g.UnownedSince.IsZero() {
-		e.UnownedAgeSeconds = now.Sub(g.UnownedSince).Seconds()
-	}
-	for _, o := range g.Owners {
-		if !o.Alive {
-			e.DeadOwnerPIDs = append(e.DeadOwnerPIDs, o.PID)
-		}
-	}
-	return e
 }

@@ -199,7 +199,8 @@ func (n *Node) verify(ctx context.Context, gpuUUID string) (*remediate.MemoryEvi
 		s := n.cfg.Loop.Refresh(ctx, true)
 		if g, ok := s.GPUByID(gpuUUID); ok && g.Accountable() {
 			last = g
-			ev = Evidence(g, s.Taken)
+			e := remediate.NewMemoryEvidence(g, s.Taken, s.Taken)
+			ev = &e
 			if g.UnownedBytes <= n.cfg.Decide.MinBytes && !g.DeadOwnerListed() && !hasOrphaned(g, n.cfg.Decide.Policy) {
 				return ev, g, true
 			}
@@ -279,23 +280,6 @@ func applyPlan(a *remediate.Action, p decide.Plan, act bool) {
 	a.Targets = p.Targets
 	a.Excluded = p.Excluded
 	a.DryRun = !act
-}
-
-// Evidence records a GPU's memory at one moment.
-func Evidence(g snapshot.GPU, at time.Time) *remediate.MemoryEvidence {
-	ev := &remediate.MemoryEvidence{
-		At: at, UsedBytes: g.Memory.Used, OwnedLiveBytes: g.OwnedLiveBytes, OwnedDeadBytes: g.OwnedDeadBytes,
-		UnownedBytes: g.UnownedBytes, HolderPIDs: g.HolderPIDs,
-	}
-	if !g.UnownedSince.IsZero() {
-		ev.UnownedAgeSeconds = at.Sub(g.UnownedSince).Seconds()
-	}
-	for _, o := range g.Owners {
-		if !o.Alive {
-			ev.DeadOwnerPIDs = append(ev.DeadOwnerPIDs, o.PID)
-		}
-	}
-	return ev
 }
 
 func targetSummary(ts []remediate.Target) string {
