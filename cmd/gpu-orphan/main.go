@@ -20,8 +20,12 @@ func main() { os.Exit(run(os.Args[1:])) }
 func run(args []string) int {
 	app := kingpin.New("gpu-orphan", "Find GPU memory that no live process owns, and the processes that hold it.")
 	backend := cli.AddBackendFlags(app)
-	logConfig := &promslog.Config{}
-	promslogflag.AddFlags(app, logConfig)
+	// A command line speaks through its output; logs only warn by default.
+	logConfig := &promslog.Config{Level: promslog.NewLevel(), Format: promslog.NewFormat()}
+	app.Flag(promslogflag.LevelFlagName, promslogflag.LevelFlagHelp).Default("warn").
+		HintOptions(promslog.LevelFlagOptions...).SetValue(logConfig.Level)
+	app.Flag(promslogflag.FormatFlagName, promslogflag.FormatFlagHelp).Default("logfmt").
+		HintOptions(promslog.FormatFlagOptions...).SetValue(logConfig.Format)
 	app.Version(version.Print("gpu-orphan"))
 	app.HelpFlag.Short('h')
 

@@ -144,7 +144,8 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		if n.cfg.Metrics != nil {
 			n.cfg.Metrics.Signals.WithLabelValues(name).Inc()
 		}
-		n.cfg.Logger.Info("Signal sent", "action", a.ID, "pid", pid, "signal", name)
+		// The ladder itself logs each signal at info.
+		n.cfg.Logger.Debug("Signal sent", "action", a.ID, "pid", pid, "signal", name)
 		if n.cfg.Recorder != nil {
 			if err := n.cfg.Recorder.AddEvent(ctx, a.ID, "signal", map[string]any{"pid": pid, "signal": name}); err != nil {
 				n.cfg.Logger.Error("Recording a signal failed", "action", a.ID, "err", err)
