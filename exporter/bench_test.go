@@ -8,14 +8,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,79 +70,23 @@ func benchSuspects() int {
 var sleepers struct {
 	once sync.Once
 	err  error
-	dir  string
-	cmds []*exec.Cmd
+	*testenv.Crowd
 }
 
 // TestMain also removes the binaries the integration tests built.
 func TestMain(m *testing.M) {
 	code := testenv.Main(m)
-	stopSleepers()
+	if sleepers.Crowd != nil {
+		sleepers.Stop()
+	}
 	os.Exit(code)
 }
 
 func startSleepers(b *testing.B) {
 	b.Helper()
-	sleepers.once.Do(func() { sleepers.err = spawnSleepers() })
+	sleepers.once.Do(func() { sleepers.Crowd, sleepers.err = testenv.StartCrowd(benchProcs, benchExtraFDs+3, 0) })
 	if sleepers.err != nil {
 		b.Fatal(sleepers.err)
-	}
-}
-
-func spawnSleepers() error {
-	dir, err := os.MkdirTemp("", "exporter-bench-")
-	if err != nil {
-		return err
-	}
-	sleepers.dir = dir
-	// Our descriptors are dup'd into every child: ~21 here make ~48,000
-	// there. A pipe and a socket give links that are not paths.
-	var extra []*os.File
-	for i := range benchExtraFDs - 2 {
-		f, err := os.Create(filepath.Join(dir, "file"+strconv.Itoa(i)))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		extra = append(extra, f)
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer pr.Close()
-	defer pw.Close()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	sock := os.NewFile(uintptr(fds[0]), "socket")
-	defer sock.Close()
-	syscall.Close(fds[1])
-	extra = append(extra, pr, sock)
-
-	for i := range benchProcs {
-		cmd := exec.Command("sleep", "3600")
-		cmd.ExtraFiles = extra
-		// Die with the test binary, whatever kills it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start sleep %d: %w", i, err)
-		}
-		sleepers.cmds = append(sleepers.cmds, cmd)
-	}
-	return nil
-}
-
-func stopSleepers() {
-	for _, c := range sleepers.cmds {
-		_ = c.Process.Kill()
-	}
-	for _, c := range sleepers.cmds {
-		_ = c.Wait()
-	}
-	if sleepers.dir != "" {
-		_ = os.RemoveAll(sleepers.dir)
 	}
 }
 

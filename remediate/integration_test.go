@@ -191,18 +191,8 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 	return rs[gpu].Memory.Used >> 20
 }
 
-// mapperEnv makes the test binary a CUDA-like holder: it maps the device
-// node inherited as fd 3, as a context does, and sleeps.
-const mapperEnv = "REMEDIATE_TEST_MAP_FD3"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(mapperEnv) == "1" {
-		if _, err := syscall.Mmap(3, 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
-			os.Exit(3)
-		}
-		time.Sleep(300 * time.Second)
-		os.Exit(0)
-	}
+	testenv.RunMapperIfAsked()
 	os.Exit(testenv.Main(m))
 }
 
@@ -225,7 +215,7 @@ func protectedHolder(t *testing.T, root string, gpu int) int {
 	}
 	defer dev.Close()
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), mapperEnv+"=1")
+	cmd.Env = testenv.MapperEnviron()
 	cmd.ExtraFiles = []*os.File{dev}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -1,11 +1,11 @@
 package proc
 
 import (
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -23,98 +23,27 @@ const (
 )
 
 var bench struct {
-	once    sync.Once
-	err     error
-	dir     string
-	target  string
-	cmds    []*exec.Cmd
-	holders []int // PIDs started holding target
+	once sync.Once
+	err  error
+	*testenv.Crowd
 }
 
 // TestMain kills the benchmark's processes, which outlive any one benchmark.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	teardownBench()
+	if bench.Crowd != nil {
+		bench.Stop()
+	}
 	os.Exit(code)
 }
 
 func setupBench(b *testing.B) {
 	b.Helper()
-	bench.once.Do(func() { bench.err = startBenchProcs() })
+	bench.once.Do(func() {
+		bench.Crowd, bench.err = testenv.StartCrowd(benchProcs, benchExtraFDs+3, benchHoldEvery)
+	})
 	if bench.err != nil {
 		b.Fatal(bench.err)
-	}
-}
-
-func startBenchProcs() error {
-	dir, err := os.MkdirTemp("", "proc-bench-")
-	if err != nil {
-		return err
-	}
-	bench.dir = dir
-	bench.target = filepath.Join(dir, "target")
-	target, err := os.Create(bench.target)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-
-	// Our own descriptors are shared by all children (dup'd at fork), so
-	// ~25 here make ~48,000 there. A pipe and a socket give the links that
-	// are not paths.
-	var extra []*os.File
-	for i := range benchExtraFDs - 3 {
-		f, err := os.Create(filepath.Join(dir, "file"+strconv.Itoa(i)))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		extra = append(extra, f)
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer pr.Close()
-	defer pw.Close()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	sock := os.NewFile(uintptr(fds[0]), "socket")
-	defer sock.Close()
-	syscall.Close(fds[1])
-	extra = append(extra, pr, sock)
-
-	for i := range benchProcs {
-		files := append(slices.Clip(extra), extra[0])
-		if i%benchHoldEvery == 0 {
-			files[len(files)-1] = target
-		}
-		cmd := exec.Command("sleep", "3600")
-		cmd.ExtraFiles = files
-		// Die with the test binary, whatever kills it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start sleep %d: %w", i, err)
-		}
-		bench.cmds = append(bench.cmds, cmd)
-		if i%benchHoldEvery == 0 {
-			bench.holders = append(bench.holders, cmd.Process.Pid)
-		}
-	}
-	return nil
-}
-
-func teardownBench() {
-	for _, c := range bench.cmds {
-		_ = c.Process.Kill()
-	}
-	for _, c := range bench.cmds {
-		_ = c.Wait()
-	}
-	if bench.dir != "" {
-		_ = os.RemoveAll(bench.dir)
 	}
 }
 
@@ -125,16 +54,16 @@ func BenchmarkHolders(b *testing.B) {
 		b.Fatal(err)
 	}
 	// Closed after startBenchProcs: only the children hold target.
-	want := slices.Sorted(slices.Values(bench.holders))
+	want := slices.Sorted(slices.Values(bench.Holders))
 	b.ResetTimer()
 	cpu0 := cpuTime(syscall.RUSAGE_SELF)
 	for b.Loop() {
-		got, err := fs.Holders([]string{bench.target})
+		got, err := fs.Holders([]string{bench.Target})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !slices.Equal(got[bench.target], want) {
-			b.Fatalf("holders = %v, want %v", got[bench.target], want)
+		if !slices.Equal(got[bench.Target], want) {
+			b.Fatalf("holders = %v, want %v", got[bench.Target], want)
 		}
 	}
 	reportCPU(b, cpuTime(syscall.RUSAGE_SELF)-cpu0)
@@ -147,11 +76,11 @@ func BenchmarkFuser(b *testing.B) {
 		b.Skip("fuser not installed")
 	}
 	setupBench(b)
-	want := slices.Sorted(slices.Values(bench.holders))
+	want := slices.Sorted(slices.Values(bench.Holders))
 	b.ResetTimer()
 	var cpu time.Duration
 	for b.Loop() {
-		cmd := exec.Command(fuser, bench.target)
+		cmd := exec.Command(fuser, bench.Target)
 		out, err := cmd.Output()
 		if err != nil {
 			b.Fatalf("fuser: %v", err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 const mib = gpu.MiB
@@ -84,18 +85,8 @@ func listed(pid int, usedMiB uint64) nvml.ProcessInfo {
 	return nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: usedMiB * mib}
 }
 
-// mapperEnv makes the test binary a CUDA-like holder: it maps the device
-// node inherited as fd 3, as a context does, and sleeps.
-const mapperEnv = "SNAPSHOT_TEST_MAP_FD3"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(mapperEnv) == "1" {
-		if _, err := syscall.Mmap(3, 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
-			os.Exit(3)
-		}
-		time.Sleep(300 * time.Second)
-		os.Exit(0)
-	}
+	testenv.RunMapperIfAsked()
 	os.Exit(m.Run())
 }
 
@@ -108,7 +99,7 @@ func holder(t *testing.T, path string, setsid bool) *exec.Cmd {
 		return holderOf(t, setsid)
 	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), mapperEnv+"=1")
+	cmd.Env = testenv.MapperEnviron()
 	return startHolder(t, cmd, setsid, path)
 }
 
@@ -289,7 +280,7 @@ func TestAccountingFacts(t *testing.T) {
 		{"a live job's forked worker is never a suspect, even beside a dead owner", func(t *testing.T, dev string) (gpu0, want) {
 			// The live owner is a shell that forked a worker holding the device.
 			live := exec.Command("sh", "-c", "\"$0\" 3<"+dev+" & wait", os.Args[0])
-			live.Env = append(os.Environ(), mapperEnv+"=1")
+			live.Env = testenv.MapperEnviron()
 			live.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 			if err := live.Start(); err != nil {
 				t.Fatal(err)
