@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,60 +17,22 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
-)
-
-var (
-	binDir   string
-	binOnce  sync.Once
-	binPath  string
-	binError error
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	binDir, err = os.MkdirTemp("", "gpu-orphan-sim-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	// Workloads' children are orphaned when a test kills their parent; as
 	// subreaper this process inherits them, so it can reap them and tests
 	// can watch them vanish from /proc.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)
 	}
-	code := m.Run()
-	os.RemoveAll(binDir)
-	os.Exit(code)
+	os.Exit(testenv.Main(m))
 }
 
 // simBinary builds cmd/gpu-orphan-sim once, on first use, so that tests
 // without processes (and fuzz workers) do not pay for it.
-func simBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		out, err := exec.Command("go", "env", "GOMOD").Output()
-		if err != nil {
-			binError = fmt.Errorf("go env GOMOD: %w", err)
-			return
-		}
-		gomod := strings.TrimSpace(string(out))
-		if gomod == "" || gomod == os.DevNull {
-			binError = errors.New("not inside a module")
-			return
-		}
-		binPath = filepath.Join(binDir, "gpu-orphan-sim")
-		build := exec.Command("go", "build", "-o", binPath, "./cmd/gpu-orphan-sim")
-		build.Dir = filepath.Dir(gomod)
-		if out, err := build.CombinedOutput(); err != nil {
-			binError = fmt.Errorf("go build: %w\n%s", err, out)
-		}
-	})
-	if binError != nil {
-		t.Fatal(binError)
-	}
-	return binPath
-}
+func simBinary(t *testing.T) string { return testenv.Bin(t, "gpu-orphan-sim") }
 
 func newNode(t *testing.T, gpus int) string {
 	t.Helper()

@@ -18,35 +18,44 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
+	buildMu sync.Mutex
+	binDir  string
+	built   = map[string]error{}
 )
 
 // Bin returns the path of a project binary (for example
-// "gpu-orphan-exporter"), building all of cmd/ once per test process.
+// "gpu-orphan-exporter"), building it from cmd/ once per test process.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		root, err := ModuleRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binDir, buildErr = os.MkdirTemp("", "gpu-orphan-bin-")
-		if buildErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/...")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	err, ok := built[name]
+	if !ok {
+		err = build(name)
+		built[name] = err
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return filepath.Join(binDir, name)
+}
+
+func build(name string) error {
+	root, err := ModuleRoot()
+	if err != nil {
+		return err
+	}
+	if binDir == "" {
+		if binDir, err = os.MkdirTemp("", "gpu-orphan-bin-"); err != nil {
+			return err
+		}
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "./cmd/"+name)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, out)
+	}
+	return nil
 }
 
 // Main runs a package's tests and then removes the binaries Bin built.
