@@ -54,10 +54,13 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	if a.After == nil || a.After.UnownedBytes < 2048<<20 {
 		t.Errorf("after evidence %+v: the memory is still there", a.After)
 	}
-	_, mfs := testenv.Scrape(t, url+"/metrics")
-	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil); v != 1 {
-		t.Fatalf("breaker_open = %v after a failed cleanup with --limit.breaker-failures=1", v)
-	}
+	// The action's end is recorded before its limiter permit is returned:
+	// poll for the breaker.
+	testenv.Eventually(t, 5*time.Second, "the breaker to open after a failed cleanup with --limit.breaker-failures=1", func() bool {
+		_, mfs := testenv.Scrape(t, url+"/metrics")
+		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil)
+		return v == 1
+	})
 	// The store records the end before the counter moves: poll.
 	testenv.Eventually(t, 5*time.Second, "actions_total{state=failed} to count it", func() bool {
 		_, mfs := testenv.Scrape(t, url+"/metrics")
