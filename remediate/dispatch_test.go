@@ -35,14 +35,7 @@ func TestDispatcherRoutesAndLimits(t *testing.T) {
 		"--dispatch.max-nodes=1", "--dispatch.max-fraction=1", "--dispatch.window=1h",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"), "--log.level=debug")
 	dispatcher := "http://" + addr
-	testenv.Eventually(t, 15*time.Second, "the dispatcher to be ready", func() bool {
-		resp, err := http.Get(dispatcher + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitReady(t, http.DefaultClient, dispatcher)
 
 	startsAt := time.Now().Add(-time.Minute)
 	code, body := post(t, dispatcher, token, payload(

@@ -108,15 +108,6 @@ func getJSON(t *testing.T, c *http.Client, rawURL, tok string, v any) int {
 	return resp.StatusCode
 }
 
-func allActions(t *testing.T, baseURL string) []remediate.Action {
-	t.Helper()
-	var as []remediate.Action
-	if code := getJSON(t, http.DefaultClient, baseURL+"/api/v1/actions?limit=1000", token, &as); code != http.StatusOK {
-		t.Fatalf("GET actions: %d", code)
-	}
-	return as
-}
-
 func metricValue(t *testing.T, baseURL, name string, labels map[string]string) float64 {
 	t.Helper()
 	_, mfs := testenv.Scrape(t, baseURL+"/metrics")
@@ -378,7 +369,7 @@ func TestLoadIntakeBurst(t *testing.T) {
 	// plan of the orphan, or cancelled because the alert resolved first.
 	var as []remediate.Action
 	testenv.Eventually(t, 60*time.Second, "every action to finish", func() bool {
-		as = allActions(t, agentURL)
+		as = actions(t, agentURL)
 		return !slices.ContainsFunc(as, func(a remediate.Action) bool {
 			return a.State == remediate.StateQueued || a.State == remediate.StateRunning
 		})
@@ -556,7 +547,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	healthyDoneFirst := false
 	final := func(s string) bool { return s != remediate.StateQueued && s != remediate.StateRunning }
 	testenv.Eventually(t, 60*time.Second, "every forward to finish", func() bool {
-		as := allActions(t, dispatcher)
+		as := actions(t, dispatcher)
 		byNode := map[string]remediate.Action{}
 		for _, a := range as {
 			byNode[a.Node] = a
@@ -624,7 +615,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	// Each attempt is a claim of the action in the dispatcher's audit trail:
 	// the slow node's took two, the unreachable node's the three allowed.
 	wantClaims := map[string]int{"node-h": 1, "node-s": 2, "node-u": 3}
-	for _, a := range allActions(t, dispatcher) {
+	for _, a := range actions(t, dispatcher) {
 		var d actionDetail
 		getJSON(t, http.DefaultClient, dispatcher+"/api/v1/actions/"+a.ID, token, &d)
 		claims := 0
@@ -872,7 +863,7 @@ func TestStoreFull(t *testing.T) {
 				t.Errorf("%s: webhook %d %s, want 503", stage.name, code, body)
 			}
 		}
-		if as := allActions(t, agentURL); len(as) != 0 {
+		if as := actions(t, agentURL); len(as) != 0 {
 			t.Errorf("%s: %d actions started: %+v", stage.name, len(as), as)
 		}
 	}

@@ -50,14 +50,7 @@ func startAgent(t *testing.T, root, storePath string, extra ...string) (url stri
 		"--remediate.verify-timeout=10s", "--log.level=debug")
 	cmd := testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), args...)
 	url = "http://" + addr
-	testenv.Eventually(t, 15*time.Second, "the remediator to be ready", func() bool {
-		resp, err := http.Get(url + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitReady(t, http.DefaultClient, url)
 	return url, func(sig syscall.Signal) {
 		cmd.Process.Signal(sig)
 		cmd.Wait()
@@ -144,20 +137,9 @@ func post(t *testing.T, url, tok string, body []byte) (int, string) {
 
 func actions(t *testing.T, url string) []remediate.Action {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url+"/api/v1/actions", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("GET actions: %d %s", resp.StatusCode, b)
-	}
 	var out []remediate.Action
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
+	if code := getJSON(t, http.DefaultClient, url+"/api/v1/actions?limit=1000", token, &out); code != http.StatusOK {
+		t.Fatalf("GET actions: %d", code)
 	}
 	return out
 }

@@ -47,18 +47,18 @@ func run() int {
 		return 2
 	}
 
-	taker, driver, err := backend.Open(logger)
+	node, err := backend.Open(logger)
 	if err != nil {
 		logger.Error("Cannot start", "err", err)
 		return 1
 	}
-	defer driver.Close()
-	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", driver.Name(), "interval", *interval)
+	defer node.Driver.Close()
+	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", node.Driver.Name(), "interval", *interval)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	loop := snapshot.NewLoop(taker, *interval, *orphanBytes)
+	loop := snapshot.NewLoop(node.Taker, *interval, *orphanBytes)
 	first := loop.Refresh(ctx, false)
 	cli.LogSnapshot(logger, first)
 	go loop.Run(ctx)

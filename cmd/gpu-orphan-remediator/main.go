@@ -153,7 +153,14 @@ func serve(f *flags, logger *slog.Logger) error {
 	)
 	switch *f.role {
 	case "node":
-		node, loop, limiter, err := nodeRole(ctx, f, st, metrics, logger)
+		opened, err := f.backend.Open(logger)
+		if err != nil {
+			return err
+		}
+		// Closed last: verifications of running actions still read it
+		// while the engine drains at shutdown.
+		defer opened.Driver.Close()
+		node, loop, limiter, err := nodeRole(ctx, f, opened, st, metrics, logger)
 		if err != nil {
 			return err
 		}

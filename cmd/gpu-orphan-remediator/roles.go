@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -53,17 +53,11 @@ func (g gpuSet) KnownGPU(uuid string) bool {
 	return g.last[uuid]
 }
 
-func nodeRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Node, gpuSet, *limits.Limiter, error) {
-	taker, driver, err := f.backend.Open(logger)
-	if err != nil {
-		return nil, gpuSet{}, nil, err
-	}
-	go func() { <-ctx.Done(); driver.Close() }()
-	fs, err := proc.NewFS(*f.backend.ProcFS)
-	if err != nil {
-		return nil, gpuSet{}, nil, err
-	}
-	loop := snapshot.NewLoop(taker, *f.interval, *f.remediation.MinBytes)
+// nodeRole wires the node's cleanup over an opened backend, whose driver
+// the caller closes once running actions are done.
+func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Node, gpuSet, *limits.Limiter, error) {
+	fs := opened.Proc
+	loop := snapshot.NewLoop(opened.Taker, *f.interval, *f.remediation.MinBytes)
 	loop.Refresh(ctx, false)
 	go loop.Run(ctx)
 

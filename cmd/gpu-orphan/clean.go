@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
-	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -26,17 +25,13 @@ import (
 // plan first, then (with --act) the signals and the verified result.
 func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpuID, storePath string) int {
 	w := os.Stdout
-	taker, driver, err := backend.Open(logger)
+	opened, err := backend.Open(logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
 		return 1
 	}
-	defer driver.Close()
-	fs, err := proc.NewFS(*backend.ProcFS)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
-		return 1
-	}
+	defer opened.Driver.Close()
+	fs := opened.Proc
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -52,7 +47,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 	}
 	cfg := r.DecideConfig()
 	node := engine.NewNode(engine.NodeConfig{
-		Loop: snapshot.NewLoop(taker, time.Hour, cfg.MinBytes), Proc: fs, Decide: cfg,
+		Loop: snapshot.NewLoop(opened.Taker, time.Hour, cfg.MinBytes), Proc: fs, Decide: cfg,
 		Ladder:        &kill.Ladder{Grace: *r.Grace, Proc: fs, Logger: logger, Groups: decide.ProcGroups{FS: fs}, Exclude: cfg.Excludes},
 		Act:           *r.Act,
 		VerifyTimeout: *r.VerifyTimeout,

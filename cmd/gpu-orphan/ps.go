@@ -15,23 +15,23 @@ import (
 )
 
 func runPS(logger *slog.Logger, backend *cli.Backend, output string) int {
-	taker, driver, err := backend.Open(logger)
+	node, err := backend.Open(logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
 		return 1
 	}
-	defer driver.Close()
-	s := taker.Take(context.Background(), true)
+	defer node.Driver.Close()
+	s := node.Taker.Take(context.Background(), true)
 	switch output {
 	case "json":
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(cli.NewReport(s, driver.DevicePath)); err != nil {
+		if err := enc.Encode(cli.NewReport(s, node.Driver.DevicePath)); err != nil {
 			fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
 			return 1
 		}
 	default:
-		writeTable(os.Stdout, cli.NewReport(s, driver.DevicePath))
+		writeTable(os.Stdout, cli.NewReport(s, node.Driver.DevicePath))
 	}
 	if !s.Healthy() {
 		return 1

@@ -48,30 +48,37 @@ func AddBackendFlags(a flagger) *Backend {
 	}
 }
 
-// Open loads the driver and /proc and returns a Taker over them.
-func (b *Backend) Open(logger *slog.Logger) (*snapshot.Taker, gpu.Driver, error) {
+// Node is an opened backend: the driver, /proc, and a Taker over both.
+type Node struct {
+	Driver gpu.Driver
+	Proc   proc.FS
+	Taker  *snapshot.Taker
+}
+
+// Open loads the driver and /proc. Close the Node's Driver when done.
+func (b *Backend) Open(logger *slog.Logger) (*Node, error) {
 	var driver gpu.Driver
 	switch *b.Kind {
 	case "sim":
 		if *b.SimRoot == "" {
-			return nil, nil, fmt.Errorf("--backend=sim needs --sim.root=DIR (create one with `gpu-orphan-sim init --root DIR --gpus N`)")
+			return nil, fmt.Errorf("--backend=sim needs --sim.root=DIR (create one with `gpu-orphan-sim init --root DIR --gpus N`)")
 		}
 		d, err := sim.NewDriver(*b.SimRoot)
 		if err != nil {
-			return nil, nil, fmt.Errorf("opening the simulated node at %s: %w", *b.SimRoot, err)
+			return nil, fmt.Errorf("opening the simulated node at %s: %w", *b.SimRoot, err)
 		}
 		driver = d
 	default:
 		d, err := gpu.OpenNVML(logger)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		driver = d
 	}
 	fs, err := proc.NewFS(*b.ProcFS)
 	if err != nil {
 		driver.Close()
-		return nil, nil, fmt.Errorf("opening procfs at %s: %w", *b.ProcFS, err)
+		return nil, fmt.Errorf("opening procfs at %s: %w", *b.ProcFS, err)
 	}
 	taker := snapshot.NewTaker(snapshot.Config{
 		Driver:           driver,
@@ -81,5 +88,5 @@ func (b *Backend) Open(logger *slog.Logger) (*snapshot.Taker, gpu.Driver, error)
 		ExcludePIDs:      []int{os.Getpid()},
 		Logger:           logger,
 	})
-	return taker, driver, nil
+	return &Node{Driver: driver, Proc: fs, Taker: taker}, nil
 }
