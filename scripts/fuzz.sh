@@ -5,10 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-5s}
+# Minimising each new input may take up to a minute by default; a stall
+# there outlasts a short -fuzztime and fails with "context deadline
+# exceeded". A bounded minimisation keeps short runs honest.
+minimize=${FUZZMINIMIZE:-100x}
 grep -rl --include='*_test.go' '^func Fuzz' . | while read -r file; do
   pkg=./$(dirname "${file#./}")
   for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | sed 's/^func //'); do
     echo "fuzz: $pkg $target for $fuzztime"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >/tmp/gpu-orphan-fuzz.log 2>&1 || { cat /tmp/gpu-orphan-fuzz.log; exit 1; }
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" "$pkg" >/tmp/gpu-orphan-fuzz.log 2>&1 || { cat /tmp/gpu-orphan-fuzz.log; exit 1; }
   done
 done
