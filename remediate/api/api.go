@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -156,18 +157,39 @@ func (cfg Config) resetBreaker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]bool{"was_open": was, "open": cfg.Breaker.BreakerOpen()})
 }
 
-// parseTime accepts RFC 3339 or Unix seconds.
+// The times a query may name: 1970 through 9999, in UTC. Nothing in the
+// audit log predates the Unix epoch, and the store keeps times as text
+// with four-digit years, which a later time would not sort against.
+var (
+	minQueryTime = time.Unix(0, 0).UTC()
+	maxQueryTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+)
+
+// parseTime accepts RFC 3339 or Unix seconds (a decimal number, fractions
+// allowed), from 1970 through 9999. The empty string is the zero time: no
+// bound.
 func parseTime(s string) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		if t.Before(minQueryTime) || t.After(maxQueryTime) {
+			return time.Time{}, fmt.Errorf("%q is not between 1970 and 9999 (UTC)", s)
+		}
 		return t, nil
 	}
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		return time.Unix(0, int64(f*1e9)), nil
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor Unix seconds", s)
 	}
-	return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor Unix seconds", s)
+	maxSec := maxQueryTime.Unix()
+	if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 || f >= float64(maxSec+1) {
+		return time.Time{}, fmt.Errorf("%q is not a finite Unix time between 1970 and 9999 (0 <= seconds < %d)", s, maxSec+1)
+	}
+	// Seconds and nanoseconds apart: nanoseconds since 1970 overflow int64
+	// in 2262. Truncating the fraction keeps the time within the bound.
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)), nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -19,7 +19,8 @@ import (
 
 // Auth checks callers: a bearer token compared in constant time, or a
 // client certificate verified by the TLS layer (--web.config.file).
-// Repeated failures from one source are rate-limited.
+// Repeated failures from one source are rate-limited; a correct credential
+// is admitted from any source.
 type Auth struct {
 	tokenSum [32]byte
 	hasToken bool
@@ -72,11 +73,22 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 	return a, nil
 }
 
-// Wrap admits authenticated requests to next. A missing or wrong token
-// gets 401; a source that keeps failing gets 429 (final for Alertmanager).
+// Wrap admits authenticated requests to next.
+//
+// A correct credential, a verified client certificate or the right bearer
+// token, is always admitted, whatever the source did before: many callers
+// can share one source address (all of Kubernetes behind one SNAT address,
+// or Alertmanager behind the NAT a token guesser also uses), and
+// Alertmanager does not retry a 429, so refusing a correct token would lose
+// its notification for good. Only failures are limited: a missing or wrong
+// token gets 401 and spends one of the source's failure budget; once the
+// budget is spent, the source's failures get 429 instead, until it refills.
+// The token is checked in constant time before the budget is looked at, so
+// a correct guess from a blocked source is admitted like any other; the
+// budget bounds how fast a source can guess, not whether a guess can win.
 func (a *Auth) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.insecure || a.clientCertOK(r) {
+		if a.insecure || a.clientCertOK(r) || a.tokenOK(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -84,10 +96,6 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		if a.blocked(source) {
 			a.metrics.Requests.WithLabelValues("429").Inc()
 			httpError(w, http.StatusTooManyRequests, "too many failed authentication attempts from %s; try again later", source)
-			return
-		}
-		if a.tokenOK(r) {
-			next.ServeHTTP(w, r)
 			return
 		}
 		a.metrics.AuthFailures.Inc()
