@@ -32,6 +32,11 @@ type WorkloadConfig struct {
 	// IgnoreSIGTERM makes the children ignore SIGTERM, as workers that
 	// block it do; only SIGKILL ends them then.
 	IgnoreSIGTERM bool
+	// AllVisible makes the workload, and each child, also open and map the
+	// device node of every other GPU of the node, as a multi-GPU CUDA
+	// process does for every visible device. The context is still made on
+	// GPU alone, the only GPU where NVML lists the process.
+	AllVisible bool
 	// Logger receives the children's exits; nil discards them.
 	Logger *slog.Logger
 }
@@ -47,12 +52,25 @@ const ChildCommand = "child"
 // IgnoreSIGTERMFlag is the child subcommand's flag for IgnoreSIGTERM.
 const IgnoreSIGTERMFlag = "--ignore-sigterm"
 
+// OtherDevicesFlag is the child subcommand's flag for ChildConfig.OtherDevices.
+const OtherDevicesFlag = "--other-devices"
+
+// ChildConfig is what a child learns from its command line.
+type ChildConfig struct {
+	IgnoreSIGTERM bool
+	// OtherDevices is how many device nodes of other GPUs the child
+	// inherited, from descriptor childOtherFD on (WorkloadConfig.AllVisible).
+	OtherDevices int
+}
+
 // The descriptors a child inherits, after stdin, stdout and stderr.
 const (
 	childDevFD = 3 + iota
 	childContextFD
 	childReadyFD
 	childUVMFD
+	// childOtherFD is the first of ChildConfig.OtherDevices descriptors.
+	childOtherFD
 )
 
 // childReadyTimeout bounds how long StartWorkload waits for a child to say
@@ -70,6 +88,8 @@ type Workload struct {
 	Context   Context
 
 	dev, ctx, uvm *os.File
+	// others are the device nodes of the other GPUs (AllVisible).
+	others []*os.File
 }
 
 // StartWorkload creates a context of cfg.MiB on cfg.GPU in this process and
@@ -110,18 +130,23 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 	}
 	w.uvm, err = os.OpenFile(n.UVMPath(), os.O_RDWR, 0)
 	if err != nil {
-		w.dev.Close()
+		w.Close()
 		return nil, fmt.Errorf("sim: opening %s (a node made by an older gpu-orphan-sim? init --force): %w", n.UVMPath(), err)
+	}
+	if cfg.AllVisible {
+		if err := w.openOthers(n, g.Index); err != nil {
+			w.Close()
+			return nil, err
+		}
 	}
 	w.Context = Context{GPU: g.Index, PID: w.PID, StartTime: st.StartTime, UsedBytes: cfg.MiB * gpu.MiB}
 	w.ctx, err = allocate(n, g, cfg.MiB, &w.Context)
 	if err != nil {
-		w.dev.Close()
-		w.uvm.Close()
+		w.Close()
 		return nil, err
 	}
 	for range cfg.Children {
-		cmd, err := startChild(w.dev, w.ctx, w.uvm, cfg.IgnoreSIGTERM)
+		cmd, err := startChild(w, cfg.IgnoreSIGTERM)
 		if err != nil {
 			w.kill()
 			return nil, err
@@ -135,6 +160,24 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 		}()
 	}
 	return w, nil
+}
+
+// openOthers opens and maps the device node of every GPU but own.
+func (w *Workload) openOthers(n *Node, own int) error {
+	for _, o := range n.GPUs {
+		if o.Index == own {
+			continue
+		}
+		f, err := os.OpenFile(n.DevicePath(o.Minor), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("sim: opening device node of GPU %d: %w", o.Index, err)
+		}
+		w.others = append(w.others, f)
+		if err := mapDevice(int(f.Fd())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // allocate checks the GPU's free memory and creates the context under the
@@ -163,7 +206,7 @@ func allocate(n *Node, g GPU, mib uint64, c *Context) (*os.File, error) {
 
 // startChild starts one child and waits until it has set up its signals,
 // so that a SIGTERM sent right after StartWorkload returns finds them set.
-func startChild(dev, ctx, uvm *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
+func startChild(w *Workload, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
@@ -172,6 +215,9 @@ func startChild(dev, ctx, uvm *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	args := []string{os.Args[0], ChildCommand}
 	if ignoreSIGTERM {
 		args = append(args, IgnoreSIGTERMFlag)
+	}
+	if len(w.others) > 0 {
+		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(len(w.others)))
 	}
 	// The binary's own path gives the children its name (comm), as forked
 	// workers keep their parent's; /proc/self/exe is the fallback when the
@@ -183,9 +229,11 @@ func startChild(dev, ctx, uvm *os.File, ignoreSIGTERM bool) (*exec.Cmd, error) {
 		self = "/proc/self/exe"
 	}
 	cmd := &exec.Cmd{
-		Path:       self,
-		Args:       args,
-		ExtraFiles: []*os.File{dev, ctx, wr, uvm}, // childDevFD, childContextFD, childReadyFD, childUVMFD
+		Path: self,
+		Args: args,
+		// childDevFD, childContextFD, childReadyFD, childUVMFD, then
+		// childOtherFD on.
+		ExtraFiles: append([]*os.File{w.dev, w.ctx, wr, w.uvm}, w.others...),
 	}
 	err = cmd.Start()
 	wr.Close()
@@ -245,25 +293,42 @@ func (w *Workload) Hold(ctx context.Context) error {
 // Close closes this process's descriptors. The context lives on while the
 // children hold theirs.
 func (w *Workload) Close() error {
-	return errors.Join(w.ctx.Close(), w.dev.Close(), w.uvm.Close())
+	var errs []error
+	for _, f := range append([]*os.File{w.ctx, w.dev, w.uvm}, w.others...) {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RunChild is the body of a child: it checks the inherited descriptors,
 // tells the parent it is ready, and sleeps holding them until killed.
-func RunChild(ignoreSIGTERM bool) error {
-	if ignoreSIGTERM {
+func RunChild(cfg ChildConfig) error {
+	if cfg.IgnoreSIGTERM {
 		signal.Ignore(syscall.SIGTERM)
 	}
+	if cfg.OtherDevices < 0 || cfg.OtherDevices >= MaxGPUs {
+		return fmt.Errorf("sim: child: %d other devices out of range 0..%d", cfg.OtherDevices, MaxGPUs-1)
+	}
+	fds := []int{childDevFD, childContextFD, childReadyFD, childUVMFD}
+	devs := []int{childDevFD}
+	for i := range cfg.OtherDevices {
+		fds = append(fds, childOtherFD+i)
+		devs = append(devs, childOtherFD+i)
+	}
 	var st unix.Stat_t
-	for _, fd := range []int{childDevFD, childContextFD, childReadyFD, childUVMFD} {
+	for _, fd := range fds {
 		if err := unix.Fstat(fd, &st); err != nil {
 			return fmt.Errorf("sim: child: inherited descriptor %d: %w (run only by gpu-orphan-sim run)", fd, err)
 		}
 	}
 	// An exec'd child does not inherit its parent's mappings as a forked
-	// one does, so it maps the device node itself.
-	if err := mapDevice(childDevFD); err != nil {
-		return err
+	// one does, so it maps the device nodes itself.
+	for _, fd := range devs {
+		if err := mapDevice(fd); err != nil {
+			return err
+		}
 	}
 	// Raw descriptors, never wrapped in *os.File, whose finalizer would
 	// close them when garbage collected.
