@@ -5,6 +5,8 @@ package gpu
 import (
 	"context"
 	"errors"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
 
 // Device identifies one GPU the way NVML names it.
@@ -57,8 +59,12 @@ type Driver interface {
 	// be read at all (the driver is gone, or ctx expired).
 	Read(ctx context.Context) ([]Reading, error)
 	// DevicePath is the device node that holders of the GPU with this minor
-	// number keep open: /dev/nvidia<minor> on real hardware.
+	// number keep open: /dev/nvidia<minor> on real hardware. It is for
+	// people to read; holders are matched by DeviceNode.
 	DevicePath(minor int) string
+	// DeviceNode is the kernel's name of that device node: character
+	// device 195:<minor> on real hardware, whatever path shows it.
+	DeviceNode(minor int) (proc.Device, error)
 	// PIDNamespace is the PID namespace that Read's PIDs belong to, written
 	// as readlink(/proc/PID/ns/pid) prints it. NVML reports host PIDs.
 	PIDNamespace() string

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
 
 // nvmlValueNotAvailable is NVML_VALUE_NOT_AVAILABLE as a usedGpuMemory value.
@@ -80,6 +82,14 @@ func (d *NVMLDriver) Name() string { return "nvml" }
 
 // DevicePath implements Driver.
 func (d *NVMLDriver) DevicePath(minor int) string { return fmt.Sprintf("/dev/nvidia%d", minor) }
+
+// DeviceNode implements Driver: character device 195:minor.
+func (d *NVMLDriver) DeviceNode(minor int) (proc.Device, error) {
+	if minor < 0 || minor > 254 {
+		return proc.Device{}, fmt.Errorf("GPU minor number %d out of range 0..254", minor)
+	}
+	return proc.CharDevice(proc.NVIDIAMajor, uint32(minor)), nil
+}
 
 // PIDNamespace implements Driver: NVML reports host PIDs even when called
 // from inside a container.

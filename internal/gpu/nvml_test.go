@@ -40,9 +40,9 @@ func wantMem(usedMiB uint64) Memory {
 	return Memory{Total: m.Total, Reserved: m.Reserved, Used: m.Used, Free: m.Free}
 }
 
-// proc is one process-list entry; usedMiB == math.MaxUint64 means NVML's
+// procEntry is one process-list entry; usedMiB == math.MaxUint64 means NVML's
 // NOT_AVAILABLE.
-func proc(pid uint32, usedMiB uint64) nvml.ProcessInfo {
+func procEntry(pid uint32, usedMiB uint64) nvml.ProcessInfo {
 	b := usedMiB * MiB
 	if usedMiB == math.MaxUint64 {
 		b = math.MaxUint64
@@ -152,7 +152,7 @@ func TestNVMLRead(t *testing.T) {
 		pidS       = 6000
 		pidTrainer = 7000
 	)
-	oneProcess := gpuState{handleState: handleState{mem: nvmlMem(4714), compute: []nvml.ProcessInfo{proc(pidA, 4706)}}}
+	oneProcess := gpuState{handleState: handleState{mem: nvmlMem(4714), compute: []nvml.ProcessInfo{procEntry(pidA, 4706)}}}
 	tests := []struct {
 		name string
 		gpus map[int]gpuState // GPUs not named are idle
@@ -175,7 +175,7 @@ func TestNVMLRead(t *testing.T) {
 		},
 		{
 			name: "FACTS fork after CUDA init: only the parent is listed",
-			gpus: map[int]gpuState{1: {handleState: handleState{mem: nvmlMem(6762), compute: []nvml.ProcessInfo{proc(pidP, 6754)}}}},
+			gpus: map[int]gpuState{1: {handleState: handleState{mem: nvmlMem(6762), compute: []nvml.ProcessInfo{procEntry(pidP, 6754)}}}},
 			want: map[int]wantGPU{1: {readings: []Reading{{
 				Memory: wantMem(6762), Processes: []Process{{PID: pidP, UsedBytes: 6754 * MiB}},
 			}}}},
@@ -184,7 +184,7 @@ func TestNVMLRead(t *testing.T) {
 			// NVML still names the dead creator; whether it lives is for the
 			// caller to find out, not the driver.
 			name: "FACTS fork, after SIGKILL of the parent: dead PID still listed",
-			gpus: map[int]gpuState{1: {handleState: handleState{mem: nvmlMem(6762), compute: []nvml.ProcessInfo{proc(pidP, 6754)}}}},
+			gpus: map[int]gpuState{1: {handleState: handleState{mem: nvmlMem(6762), compute: []nvml.ProcessInfo{procEntry(pidP, 6754)}}}},
 			want: map[int]wantGPU{1: {readings: []Reading{{
 				Memory: wantMem(6762), Processes: []Process{{PID: pidP, UsedBytes: 6754 * MiB}},
 			}}}},
@@ -194,14 +194,14 @@ func TestNVMLRead(t *testing.T) {
 		},
 		{
 			name: "FACTS spawned child with its own context outlives its parent",
-			gpus: map[int]gpuState{2: {handleState: handleState{mem: nvmlMem(2666), compute: []nvml.ProcessInfo{proc(pidS, 2658)}}}},
+			gpus: map[int]gpuState{2: {handleState: handleState{mem: nvmlMem(2666), compute: []nvml.ProcessInfo{procEntry(pidS, 2658)}}}},
 			want: map[int]wantGPU{2: {readings: []Reading{{
 				Memory: wantMem(2666), Processes: []Process{{PID: pidS, UsedBytes: 2658 * MiB}},
 			}}}},
 		},
 		{
 			name: "FACTS trainer with forked DataLoader workers: only the trainer is listed",
-			gpus: map[int]gpuState{7: {handleState: handleState{mem: nvmlMem(5740), compute: []nvml.ProcessInfo{proc(pidTrainer, 5732)}}}},
+			gpus: map[int]gpuState{7: {handleState: handleState{mem: nvmlMem(5740), compute: []nvml.ProcessInfo{procEntry(pidTrainer, 5732)}}}},
 			want: map[int]wantGPU{7: {readings: []Reading{{
 				Memory: wantMem(5740), Processes: []Process{{PID: pidTrainer, UsedBytes: 5732 * MiB}},
 			}}}},
@@ -210,9 +210,9 @@ func TestNVMLRead(t *testing.T) {
 			name: "same PID in compute, graphics and MPS lists counts once, at its largest",
 			gpus: map[int]gpuState{0: {handleState: handleState{
 				mem:      nvmlMem(4722),
-				compute:  []nvml.ProcessInfo{proc(pidA, 4700)},
-				graphics: []nvml.ProcessInfo{proc(pidA, 4706), proc(pidS, 8)},
-				mps:      []nvml.ProcessInfo{proc(pidA, 4706)},
+				compute:  []nvml.ProcessInfo{procEntry(pidA, 4700)},
+				graphics: []nvml.ProcessInfo{procEntry(pidA, 4706), procEntry(pidS, 8)},
+				mps:      []nvml.ProcessInfo{procEntry(pidA, 4706)},
 			}}},
 			want: map[int]wantGPU{0: {readings: []Reading{{
 				Memory: wantMem(4722),
@@ -224,7 +224,7 @@ func TestNVMLRead(t *testing.T) {
 		},
 		{
 			name: "NOT_AVAILABLE usedGpuMemory reads as 0",
-			gpus: map[int]gpuState{0: {handleState: handleState{mem: nvmlMem(4714), compute: []nvml.ProcessInfo{proc(pidA, math.MaxUint64)}}}},
+			gpus: map[int]gpuState{0: {handleState: handleState{mem: nvmlMem(4714), compute: []nvml.ProcessInfo{procEntry(pidA, math.MaxUint64)}}}},
 			want: map[int]wantGPU{0: {readings: []Reading{{
 				Memory: wantMem(4714), Processes: []Process{{PID: pidA, UsedBytes: 0}},
 			}}}},
@@ -233,8 +233,8 @@ func TestNVMLRead(t *testing.T) {
 			name: "NOT_AVAILABLE in one list does not hide the figure from another",
 			gpus: map[int]gpuState{0: {handleState: handleState{
 				mem:      nvmlMem(4714),
-				compute:  []nvml.ProcessInfo{proc(pidA, math.MaxUint64)},
-				graphics: []nvml.ProcessInfo{proc(pidA, 4706)},
+				compute:  []nvml.ProcessInfo{procEntry(pidA, math.MaxUint64)},
+				graphics: []nvml.ProcessInfo{procEntry(pidA, 4706)},
 			}}},
 			want: map[int]wantGPU{0: {readings: []Reading{{
 				Memory: wantMem(4714), Processes: []Process{{PID: pidA, UsedBytes: 4706 * MiB}},
@@ -244,7 +244,7 @@ func TestNVMLRead(t *testing.T) {
 			name: "graphics and MPS lists NOT_SUPPORTED are skipped",
 			gpus: map[int]gpuState{0: {handleState: handleState{
 				mem:         nvmlMem(4714),
-				compute:     []nvml.ProcessInfo{proc(pidA, 4706)},
+				compute:     []nvml.ProcessInfo{procEntry(pidA, 4706)},
 				graphicsRet: nvml.ERROR_NOT_SUPPORTED,
 				mpsRet:      nvml.ERROR_NOT_SUPPORTED,
 			}}},
@@ -280,7 +280,7 @@ func TestNVMLRead(t *testing.T) {
 		},
 		{
 			name: "memory info v2 NOT_SUPPORTED: unsupported, no fallback to v1",
-			gpus: map[int]gpuState{6: {handleState: handleState{memRet: nvml.ERROR_NOT_SUPPORTED, compute: []nvml.ProcessInfo{proc(pidA, 4706)}}}},
+			gpus: map[int]gpuState{6: {handleState: handleState{memRet: nvml.ERROR_NOT_SUPPORTED, compute: []nvml.ProcessInfo{procEntry(pidA, 4706)}}}},
 			want: map[int]wantGPU{6: {readings: []Reading{{Unsupported: "memory_info_v2"}}}},
 		},
 		{
@@ -331,7 +331,7 @@ func TestNVMLRead(t *testing.T) {
 				handleState: handleState{memRet: nvml.ERROR_UNKNOWN, computeRet: nvml.ERROR_UNKNOWN},
 				migSlots: []*migState{
 					{uuid: "MIG-11111111-1111-1111-1111-111111111111", gi: 1, ci: 0, handle: handleState{
-						mem: nvmlMem(4714), compute: []nvml.ProcessInfo{proc(pidA, 4706)},
+						mem: nvmlMem(4714), compute: []nvml.ProcessInfo{procEntry(pidA, 4706)},
 						graphicsRet: nvml.ERROR_NOT_SUPPORTED, mpsRet: nvml.ERROR_NOT_SUPPORTED,
 					}},
 					nil,

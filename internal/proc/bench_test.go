@@ -55,15 +55,19 @@ func BenchmarkHolders(b *testing.B) {
 	}
 	// Closed after startBenchProcs: only the children hold target.
 	want := slices.Sorted(slices.Values(bench.Holders))
+	dev, err := StatDevice(bench.Target)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	cpu0 := cpuTime(syscall.RUSAGE_SELF)
 	for b.Loop() {
-		got, err := fs.Holders([]string{bench.Target})
+		scan, err := fs.ScanHolders([]Device{dev})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !slices.Equal(got[bench.Target], want) {
-			b.Fatalf("holders = %v, want %v", got[bench.Target], want)
+		if got := holdingPIDs(scan.Holders[dev]); !slices.Equal(got, want) {
+			b.Fatalf("holders = %v, want %v", got, want)
 		}
 	}
 	reportCPU(b, cpuTime(syscall.RUSAGE_SELF)-cpu0)

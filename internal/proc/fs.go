@@ -31,6 +31,10 @@ type FS struct {
 	root  string
 	proc  procfs.FS
 	users *userCache
+	// mayPtrace is true when this process has CAP_SYS_PTRACE: a descriptor
+	// table it may not read is then shielded by a security policy (an LSM,
+	// a sandbox's init), not hidden for lack of privilege.
+	mayPtrace bool
 }
 
 // NewFS returns an FS for the procfs mounted at root ("/proc" if empty).
@@ -42,7 +46,17 @@ func NewFS(root string) (FS, error) {
 	if err != nil {
 		return FS{}, fmt.Errorf("procfs %s: %w", root, err)
 	}
-	return FS{root: root, proc: p, users: newUserCache()}, nil
+	return FS{root: root, proc: p, users: newUserCache(), mayPtrace: hasCapability(unix.CAP_SYS_PTRACE)}, nil
+}
+
+// hasCapability reports whether capability c is in our effective set.
+func hasCapability(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
 }
 
 // Root is the procfs mount point the FS reads.

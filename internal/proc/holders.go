@@ -1,9 +1,8 @@
 package proc
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -14,40 +13,54 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrDenied is returned when a process's descriptors may not be read (not
+// root, no CAP_SYS_PTRACE): what it holds is unknown, not nothing.
+var ErrDenied = errors.New("permission denied reading the process's descriptors")
+
+// ErrShielded is returned when a process's descriptors may not be read
+// even with CAP_SYS_PTRACE: a security policy shields it.
+var ErrShielded = errors.New("a security policy shields the process's descriptors")
+
+// Holding is one process's hold on a device.
+type Holding struct {
+	PID int
+	// Via is the task whose fd table was read, and whose maps tell whether
+	// the device is mapped: PID itself, or another live thread when the
+	// main thread has exited (a zombie leader's own fd and maps are empty).
+	Via int
+	// Files are the files through which its descriptors hold the device.
+	// A mapping of the device names one of them in /proc/PID/maps.
+	Files []FileID
+}
+
 // HolderScan is what one pass over /proc/*/fd found.
 type HolderScan struct {
-	// Holders maps each path that some process holds open to the sorted
-	// PIDs holding it, each PID once. Paths nobody holds are absent.
-	Holders map[string][]int
+	// Holders maps each device that some process holds open to its
+	// holders, sorted by PID. Devices nobody holds are absent.
+	Holders map[Device][]Holding
 	// Scanned counts the processes whose fd table was read.
 	Scanned int
 	// Denied counts the processes whose fd table could not be read for
-	// lack of permission (not root, no CAP_SYS_PTRACE): their holds are
+	// lack of privilege (not root, no CAP_SYS_PTRACE): their holds are
 	// missing from Holders, so "no holder" is not proven when Denied > 0.
 	Denied int
+	// Shielded lists the processes whose fd table could not be read
+	// although we have CAP_SYS_PTRACE: a security policy shields them
+	// (seen here: a sandbox's PID 1). No privilege would show more.
+	Shielded []int
 }
 
-// Holders returns, for each of paths, the sorted PIDs whose fd table holds
-// it open, in one pass over /proc/*/fd. A descriptor holds a path when its
-// link target, as readlink prints it, is the path made absolute and clean,
-// or the path with its symlinks resolved; a " (deleted)" suffix is
-// ignored. Paths nobody holds are absent from the map. Processes that exit
-// or deny access during the scan are skipped (ScanHolders counts the
-// latter): a scan never fails for them.
-func (fs FS) Holders(paths []string) (map[string][]int, error) {
-	s, err := fs.ScanHolders(paths)
-	return s.Holders, err
-}
-
-// ScanHolders is Holders with counts of what the scan could and could not
-// read.
-func (fs FS) ScanHolders(paths []string) (HolderScan, error) {
-	scan := HolderScan{Holders: make(map[string][]int)}
-	if len(paths) == 0 {
+// ScanHolders finds, in one pass over /proc/*/fd, the processes that hold
+// each of devs open. A descriptor holds a device when statx of its target
+// says so (the device number of a character device, the identity of a
+// regular file): the name it was opened by does not count. Processes that
+// exit during the scan are skipped, and those that deny access are
+// counted: a scan never fails for them.
+func (fs FS) ScanHolders(devs []Device) (HolderScan, error) {
+	scan := HolderScan{Holders: make(map[Device][]Holding)}
+	if len(devs) == 0 {
 		return scan, nil
 	}
-	want := wantedTargets(paths)
-
 	rootfd, err := unix.Open(fs.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return scan, fmt.Errorf("open %s: %w", fs.root, err)
@@ -58,7 +71,7 @@ func (fs FS) ScanHolders(paths []string) (HolderScan, error) {
 		return scan, fmt.Errorf("read %s: %w", fs.root, err)
 	}
 
-	// The scan is one readlink per descriptor; spread the syscalls over the
+	// The scan is one statx per descriptor; spread the syscalls over the
 	// CPUs. Each worker takes the next PID, so a process with a huge fd
 	// table does not hold up the others.
 	workers := min(runtime.GOMAXPROCS(0), 8, len(pids)/256+1)
@@ -67,94 +80,151 @@ func (fs FS) ScanHolders(paths []string) (HolderScan, error) {
 	var wg sync.WaitGroup
 	for w := range results {
 		s := &results[w]
-		s.init(rootfd, want, len(paths))
+		s.init(rootfd, devs)
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= len(pids) {
 					return
 				}
-				s.scanPID(pids[i])
+				switch s.scanPID(pids[i]) {
+				case tableRead:
+					s.scanned++
+				case tableDenied:
+					if fs.mayPtrace {
+						s.shielded = append(s.shielded, pids[i])
+					} else {
+						s.denied++
+					}
+				}
 			}
 		})
 	}
 	wg.Wait()
 
-	hits := make([][]int, len(paths))
 	for _, s := range results {
 		scan.Scanned += s.scanned
 		scan.Denied += s.denied
+		scan.Shielded = append(scan.Shielded, s.shielded...)
 		for i, h := range s.hits {
-			hits[i] = append(hits[i], h...)
+			if len(h) > 0 {
+				scan.Holders[devs[i]] = append(scan.Holders[devs[i]], h...)
+			}
 		}
 	}
-	for i, h := range hits {
-		if len(h) == 0 {
-			continue
-		}
-		slices.Sort(h)
-		scan.Holders[paths[i]] = slices.Compact(h)
+	slices.Sort(scan.Shielded)
+	for d, hs := range scan.Holders {
+		slices.SortFunc(hs, func(a, b Holding) int { return a.PID - b.PID })
+		scan.Holders[d] = hs
 	}
 	return scan, nil
 }
 
-// wantedTargets maps each link target that names one of paths, as
-// readlink(/proc/PID/fd/N) prints it, to the indices of those paths.
-func wantedTargets(paths []string) map[string][]int {
-	want := make(map[string][]int, 2*len(paths))
-	add := func(target string, i int) {
-		if !slices.Contains(want[target], i) {
-			want[target] = append(want[target], i)
-		}
+// HoldingOf reads the fd table of one process and returns its hold on dev;
+// ok is false when it holds no descriptor of dev. The error wraps
+// ErrNotExist when the process is gone, and ErrDenied when its table may
+// not be read for lack of privilege, ErrShielded when a security policy
+// shields it.
+func (fs FS) HoldingOf(pid int, dev Device) (h Holding, ok bool, err error) {
+	rootfd, err := unix.Open(fs.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Holding{}, false, fmt.Errorf("open %s: %w", fs.root, err)
 	}
-	for i, p := range paths {
-		if abs, err := filepath.Abs(p); err == nil {
-			p = abs
+	defer unix.Close(rootfd)
+	var s scanner
+	s.init(rootfd, []Device{dev})
+	switch s.scanPID(pid) {
+	case tableGone:
+		return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrNotExist)
+	case tableDenied:
+		if fs.mayPtrace {
+			return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrShielded)
 		}
-		add(filepath.Clean(p), i)
-		// The kernel prints the file's own path, symlinks resolved.
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			add(real, i)
-		}
+		return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrDenied)
 	}
-	return want
+	if len(s.hits[0]) == 0 {
+		return Holding{}, false, nil
+	}
+	return s.hits[0][0], true, nil
 }
 
 // scanner is one worker's state: buffers reused across PIDs, and hits
-// indexed like the paths asked for.
+// indexed like the devices asked for.
 type scanner struct {
-	rootfd  int
-	want    map[string][]int
-	dirbuf  []byte
-	linkbuf []byte
-	hits    [][]int
-	scanned int
-	denied  int
+	rootfd   int
+	devs     []Device
+	dirbuf   []byte
+	hits     [][]Holding
+	files    [][]FileID // this process's files per device, while it is read
+	scanned  int
+	denied   int
+	shielded []int
 }
 
-func (s *scanner) init(rootfd int, want map[string][]int, npaths int) {
+func (s *scanner) init(rootfd int, devs []Device) {
 	s.rootfd = rootfd
-	s.want = want
+	s.devs = devs
 	s.dirbuf = make([]byte, direntBufSize)
-	s.linkbuf = make([]byte, unix.PathMax)
-	s.hits = make([][]int, npaths)
+	s.hits = make([][]Holding, len(devs))
+	s.files = make([][]FileID, len(devs))
 }
 
-// scanPID reads the fd table of pid. Any error skips the process: it exited
-// (ENOENT, ESRCH) or is not ours to read (EACCES, counted as denied).
-func (s *scanner) scanPID(pid int) {
+// What reading one fd table gave.
+type tableResult int
+
+const (
+	tableRead   tableResult = iota
+	tableEmpty              // read, and it lists no descriptor
+	tableDenied             // EACCES or EPERM
+	tableGone               // exited, or no such process
+)
+
+// scanPID reads the fd table of pid. A process whose main thread has
+// exited shows an empty table under its PID; its other threads share the
+// real one, so it is read through one of them.
+func (s *scanner) scanPID(pid int) tableResult {
+	for i := range s.files {
+		s.files[i] = s.files[i][:0]
+	}
+	dir := strconv.Itoa(pid)
+	via := pid
+	res := s.scanTable(dir + "/fd")
+	if res == tableEmpty {
+		if tid := s.otherThread(pid); tid > 0 {
+			via = tid
+			res = s.scanTable(dir + "/task/" + strconv.Itoa(tid) + "/fd")
+		}
+	}
+	if res == tableEmpty {
+		res = tableRead
+	}
+	if res != tableRead {
+		return res
+	}
+	for i, files := range s.files {
+		if len(files) > 0 {
+			s.hits[i] = append(s.hits[i], Holding{PID: pid, Via: via, Files: slices.Clone(files)})
+		}
+	}
+	return tableRead
+}
+
+// scanTable statx'es every descriptor of the fd directory dir (relative to
+// the procfs root) and records those that are one of the devices.
+func (s *scanner) scanTable(dir string) tableResult {
 	// Opening the fd directory once and reading each link relative to it
 	// spares the kernel a walk of /proc/PID/fd/N per descriptor.
-	dirfd, err := unix.Openat(s.rootfd, strconv.Itoa(pid)+"/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if err == unix.EACCES || err == unix.EPERM {
-			s.denied++
-		}
-		return
+	dirfd, err := unix.Openat(s.rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	switch {
+	case err == unix.EACCES || err == unix.EPERM:
+		return tableDenied
+	case err != nil:
+		return tableGone
 	}
 	defer unix.Close(dirfd)
-	denied := false
-	for !denied {
+	res := tableEmpty
+	var st unix.Statx_t
+	for res != tableDenied {
 		n, err := unix.Getdents(dirfd, s.dirbuf)
 		if err == unix.EINTR {
 			continue
@@ -163,30 +233,29 @@ func (s *scanner) scanPID(pid int) {
 			break
 		}
 		eachDirent(s.dirbuf[:n], func(name []byte) {
-			if denied {
+			if res == tableDenied {
 				return
 			}
 			if _, ok := atoi(name); !ok {
 				return
 			}
-			m, errno := readlinkat(dirfd, name, s.linkbuf)
+			res = tableRead
+			errno := statxAt(dirfd, name, &st)
 			if errno == unix.EACCES || errno == unix.EPERM {
-				// Listing the table is allowed, reading a link needs
+				// Listing the table is allowed, following a link needs
 				// ptrace access: all links of this process will fail.
-				denied = true
+				res = tableDenied
 				return
 			}
-			if errno != 0 || m == 0 || s.linkbuf[0] != '/' {
-				// Closed meanwhile, or a socket, pipe or anon inode.
-				return
+			if errno != 0 {
+				return // closed meanwhile
 			}
-			target := s.linkbuf[:m]
-			// A device node unlinked since it was opened (a container's
-			// /dev torn down) still names the device the fd holds.
-			target = bytes.TrimSuffix(target, deleted)
-			for _, i := range s.want[string(target)] {
-				if h := s.hits[i]; len(h) == 0 || h[len(h)-1] != pid {
-					s.hits[i] = append(h, pid)
+			for i, d := range s.devs {
+				if d.matches(&st) {
+					id := FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}
+					if !slices.Contains(s.files[i], id) {
+						s.files[i] = append(s.files[i], id)
+					}
 				}
 			}
 		})
@@ -197,30 +266,48 @@ func (s *scanner) scanPID(pid int) {
 			break
 		}
 	}
-	if denied {
-		s.denied++
-		return
-	}
-	s.scanned++
+	return res
 }
 
-var deleted = []byte(" (deleted)")
+// otherThread returns a thread of pid other than its main thread, or 0.
+// Kernel threads and single-threaded processes have none.
+func (s *scanner) otherThread(pid int) int {
+	dirfd, err := unix.Openat(s.rootfd, strconv.Itoa(pid)+"/task", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(dirfd)
+	n, err := unix.Getdents(dirfd, s.dirbuf)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	tid := 0
+	eachDirent(s.dirbuf[:n], func(name []byte) {
+		if t, ok := atoi(name); ok && t != pid && tid == 0 {
+			tid = t
+		}
+	})
+	return tid
+}
 
 // maxFdDirent bounds a linux_dirent64 record naming a descriptor: 19 bytes
 // of header, up to 10 digits and a NUL, padded to 8 bytes.
 const maxFdDirent = 32
 
-// readlinkat is unix.Readlinkat without its two allocations per call
-// (string(name), then a NUL-terminated copy): name is a dirent name, which
-// the kernel NUL-terminates in the buffer, so it is passed in place. That
-// spares ~100,000 allocations per scan of ~50,000 descriptors.
-func readlinkat(dirfd int, name, buf []byte) (int, unix.Errno) {
+// statxAt is statx(dirfd, name) following the link, without unix.Statx's
+// two allocations per call (string(name), then a NUL-terminated copy):
+// name is a dirent name, which the kernel NUL-terminates in the buffer, so
+// it is passed in place. That spares ~100,000 allocations per scan of
+// ~50,000 descriptors. AT_STATX_DONT_SYNC takes what the kernel has
+// cached, so a descriptor on a hung network file system cannot stall the
+// scan; device numbers and inode numbers never need a round trip.
+func statxAt(dirfd int, name []byte, st *unix.Statx_t) unix.Errno {
 	// eachDirent cut name before its NUL; check that it is still there.
 	if len(name) == 0 || len(name) >= cap(name) || name[:len(name)+1][len(name)] != 0 {
-		return 0, unix.EINVAL
+		return unix.EINVAL
 	}
 	p := unsafe.Pointer(unsafe.SliceData(name))
-	n, _, errno := unix.Syscall6(unix.SYS_READLINKAT, uintptr(dirfd), uintptr(p),
-		uintptr(unsafe.Pointer(unsafe.SliceData(buf))), uintptr(len(buf)), 0, 0)
-	return int(n), errno
+	_, _, errno := unix.Syscall6(unix.SYS_STATX, uintptr(dirfd), uintptr(p),
+		uintptr(unix.AT_STATX_DONT_SYNC), uintptr(unix.STATX_TYPE|unix.STATX_INO), uintptr(unsafe.Pointer(st)), 0)
+	return errno
 }

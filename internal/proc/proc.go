@@ -23,11 +23,17 @@ type Process struct {
 	// container (docker, containerd, cri-o) or a Kubernetes pod.
 	Container string
 	Pod       string
+	// LeaderExited is set when the main thread has exited (State "Z")
+	// while other threads of the process run on: it is alive, and they
+	// keep its descriptors and its GPU context (measured on the H200 after
+	// pthread_exit of a PyTorch process's main thread).
+	LeaderExited bool
 	// NSpid lists the process's PID in each nested PID namespace, outermost
 	// first (the NSpid line of /proc/PID/status).
 	NSpid []int
 }
 
-// Zombie reports whether the process has exited but not been reaped.
-// Zombies hold no descriptors and own no GPU memory.
-func (p Process) Zombie() bool { return p.State == "Z" || p.State == "X" }
+// Zombie reports whether the process has exited but not been reaped: every
+// thread of it has exited. Zombies hold no descriptors and own no GPU
+// memory. A main thread that exited alone does not make a zombie.
+func (p Process) Zombie() bool { return (p.State == "Z" || p.State == "X") && !p.LeaderExited }

@@ -58,6 +58,10 @@ func (fs FS) Process(pid int) (Process, error) {
 		Cmdline: cmdline,
 		Cgroup:  cgroupPath(cgs),
 	}
+	if pr.State == "Z" || pr.State == "X" {
+		// A process is alive while any of its threads is.
+		pr.LeaderExited = fs.threadAlive(pid)
+	}
 	for _, n := range status.NSpids {
 		pr.NSpid = append(pr.NSpid, int(n))
 	}
@@ -75,7 +79,8 @@ func (fs FS) Process(pid int) (Process, error) {
 }
 
 // Alive reads process pid and reports whether it is running: ok is false
-// when it does not exist or is a zombie. When /proc cannot tell (EACCES
+// when it does not exist or is a zombie (every thread has exited; a main
+// thread that exited while others run leaves the process alive). When /proc cannot tell (EACCES
 // under hidepid, an unparsable file), ok is true with only PID set: a
 // process must not be declared dead, and its memory orphaned, on a guess.
 func (fs FS) Alive(pid int) (Process, bool) {
@@ -151,4 +156,22 @@ func (c *userCache) name(uid int) string {
 	}
 	c.names[uid] = n
 	return n
+}
+
+// threadAlive reports whether a thread of pid other than its main thread
+// has not exited.
+func (fs FS) threadAlive(pid int) bool {
+	tasks, err := fs.proc.AllThreads(pid)
+	if err != nil {
+		return false
+	}
+	for _, t := range tasks {
+		if t.PID == pid {
+			continue
+		}
+		if st, err := t.Stat(); err == nil && st.State != "Z" && st.State != "X" {
+			return true
+		}
+	}
+	return false
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
 
 // Driver reads a simulated node the way the NVML driver reads real GPUs.
@@ -32,6 +33,13 @@ func (d *Driver) Name() string { return "sim" }
 // DevicePath implements gpu.Driver: the absolute path of the simulated
 // /dev/nvidia<minor>.
 func (d *Driver) DevicePath(minor int) string { return d.node.DevicePath(minor) }
+
+// DeviceNode implements gpu.Driver: the identity (device and inode) of the
+// simulated node, a regular file. A file bind-mounted over its path, or a
+// link to it under another name, is told apart as a real device number is.
+func (d *Driver) DeviceNode(minor int) (proc.Device, error) {
+	return proc.StatDevice(d.node.DevicePath(minor))
+}
 
 // PIDNamespace implements gpu.Driver.
 func (d *Driver) PIDNamespace() string { return d.node.PIDNamespace }

@@ -43,9 +43,9 @@ func newNode(t *testing.T, gpus int) string {
 	return root
 }
 
-// proc is one `gpu-orphan-sim run`, started as a shell starts a job: in a
+// simRun is one `gpu-orphan-sim run`, started as a shell starts a job: in a
 // process group of its own, which its children share.
-type proc struct {
+type simRun struct {
 	cmd      *exec.Cmd
 	pid      int
 	children []int
@@ -53,7 +53,7 @@ type proc struct {
 	waited   bool
 }
 
-func startRun(t *testing.T, root string, args ...string) *proc {
+func startRun(t *testing.T, root string, args ...string) *simRun {
 	t.Helper()
 	p, err := tryRun(t, root, args...)
 	if err != nil {
@@ -62,9 +62,9 @@ func startRun(t *testing.T, root string, args ...string) *proc {
 	return p
 }
 
-func tryRun(t *testing.T, root string, args ...string) (*proc, error) {
+func tryRun(t *testing.T, root string, args ...string) (*simRun, error) {
 	t.Helper()
-	p := &proc{stderr: filepath.Join(t.TempDir(), "stderr")}
+	p := &simRun{stderr: filepath.Join(t.TempDir(), "stderr")}
 	// A file, not a buffer: with a buffer, Wait would also wait for every
 	// process that inherited the pipe.
 	errFile, err := os.Create(p.stderr)
@@ -114,12 +114,12 @@ func tryRun(t *testing.T, root string, args ...string) (*proc, error) {
 	return p, nil
 }
 
-func (p *proc) readStderr() string {
+func (p *simRun) readStderr() string {
 	b, _ := os.ReadFile(p.stderr)
 	return string(b)
 }
 
-func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+func (p *simRun) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	if err := syscall.Kill(p.pid, sig); err != nil {
 		t.Fatalf("kill %d: %v", p.pid, err)
@@ -127,7 +127,7 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 }
 
 // wait reaps the run process itself.
-func (p *proc) wait() {
+func (p *simRun) wait() {
 	if !p.waited {
 		p.cmd.Wait()
 		p.waited = true
@@ -135,7 +135,7 @@ func (p *proc) wait() {
 }
 
 // cleanup kills the whole job and reaps what this process inherited.
-func (p *proc) cleanup() {
+func (p *simRun) cleanup() {
 	syscall.Kill(-p.pid, syscall.SIGKILL)
 	p.wait()
 	for _, c := range p.children {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
 
 // WriteStatus prints, for humans, each GPU's memory and live contexts, and
@@ -57,9 +58,22 @@ func creatorState(c Context) string {
 		return "unknown: " + err.Error()
 	case st.StartTime != c.StartTime:
 		return "gone; its PID now names another process"
-	case st.State == "Z":
+	case st.State == "Z" && !leaderExited(c.PID):
 		return "zombie; an inherited descriptor holds the context"
+	case st.State == "Z":
+		return "alive (its main thread exited; other threads run)"
 	default:
 		return "alive"
 	}
+}
+
+// leaderExited reports whether pid's main thread exited while another
+// thread runs: a process lives while any of its threads does.
+func leaderExited(pid int) bool {
+	fs, err := proc.NewFS("")
+	if err != nil {
+		return false
+	}
+	p, err := fs.Process(pid)
+	return err == nil && p.LeaderExited
 }

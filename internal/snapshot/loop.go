@@ -20,12 +20,15 @@ type Loop struct {
 	mu     sync.RWMutex
 	latest *Snapshot
 	since  map[string]time.Time // GPU UUID -> start of the current run
+	// suspectSince: when each suspect was first seen, per GPU, process
+	// (PID and start time, so a reused PID starts afresh) and reason.
+	suspectSince map[suspectKey]time.Time
 	ticked chan struct{}
 }
 
 // NewLoop returns a Loop; call Run to start it.
 func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
-	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, ticked: make(chan struct{})}
+	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, ticked: make(chan struct{})}
 }
 
 // Run takes snapshots until ctx ends.
@@ -86,6 +89,46 @@ func (l *Loop) age(s *Snapshot) {
 	for uuid := range l.since {
 		if !seen[uuid] {
 			delete(l.since, uuid)
+		}
+	}
+	l.ageSuspects(s)
+}
+
+type suspectKey struct {
+	uuid      string
+	pid       int
+	startTime uint64
+	reason    string
+}
+
+// ageSuspects carries when each suspect was first seen. A GPU that was not
+// scanned this time keeps its suspects' clocks: not looking is not seeing
+// them gone.
+func (l *Loop) ageSuspects(s *Snapshot) {
+	current := map[suspectKey]bool{}
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		if !g.Scanned {
+			for k := range l.suspectSince {
+				if k.uuid == g.Device.UUID {
+					current[k] = true
+				}
+			}
+			continue
+		}
+		for j := range g.Suspects {
+			h := &g.Suspects[j]
+			k := suspectKey{g.Device.UUID, h.PID, h.StartTime, h.Reason}
+			if _, ok := l.suspectSince[k]; !ok {
+				l.suspectSince[k] = s.Taken
+			}
+			h.Since = l.suspectSince[k]
+			current[k] = true
+		}
+	}
+	for k := range l.suspectSince {
+		if !current[k] {
+			delete(l.suspectSince, k)
 		}
 	}
 }

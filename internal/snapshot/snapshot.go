@@ -37,6 +37,14 @@ type Snapshot struct {
 	// namespace this process's /proc does not show.
 	HostPIDsVisible bool
 	Sources         []Source
+	// FDScanDenied counts the processes whose descriptors could not be
+	// read (not root, no CAP_SYS_PTRACE). When it is not zero, "holds no
+	// GPU" is unknown rather than proven, and the fdscan source fails.
+	FDScanDenied int
+	// FDScanShielded are the processes whose descriptors a security policy
+	// hides even from CAP_SYS_PTRACE (a sandbox's PID 1): no privilege
+	// would show more, so they are reported but do not fail the scan.
+	FDScanShielded []int
 }
 
 // Source is the health of one input of a snapshot.
@@ -50,10 +58,18 @@ type Source struct {
 type Owner struct {
 	PID       uint32
 	UsedBytes uint64
-	// Alive is false when the PID is gone or a zombie.
+	// Alive is true when a live process has the PID (any of its threads
+	// lives) and holds this GPU's device node. A live process that does
+	// not is someone else who was given a dead owner's PID.
 	Alive bool
 	// Process is set when Alive.
 	Process *proc.Process
+	// ReusedBy is the live process that now has the PID of this dead
+	// owner: it holds no descriptor of the GPU, so it is not the owner.
+	ReusedBy *proc.Process
+	// Unverified is set when the owner is alive but its descriptors could
+	// not be read: it is counted as the owner, unproven.
+	Unverified bool
 }
 
 // Holder is a live process that holds a GPU's device node open and is a
@@ -63,6 +79,24 @@ type Holder struct {
 	Reason string
 	// Listed is true when NVML lists this PID as an owner on the GPU.
 	Listed bool
+	// UsedBytes is what NVML charges to it, when Listed.
+	UsedBytes uint64
+	// Since is when this process was first seen a suspect for Reason, in
+	// an unbroken run of snapshots (set by Loop).
+	Since time.Time
+}
+
+// Holding is a live process that holds a GPU's device node open.
+type Holding struct {
+	proc.Process
+	// Mapped is true when it maps the device node, as a CUDA context's
+	// holders do. NVML-only readers (nvidia-smi, DCGM, exporters) keep
+	// the node open without mapping it.
+	Mapped bool
+	// LiveJobGPUs are the UUIDs of the GPUs where the process itself or
+	// one of its ancestors owns live memory: it is part of a live job
+	// there, whatever else it holds.
+	LiveJobGPUs []string
 }
 
 // GPU is the account of one GPU (or one MIG instance).
@@ -86,7 +120,9 @@ type GPU struct {
 	Scanned bool
 	// HolderPIDs are every process holding the device node, when Scanned.
 	HolderPIDs []int
-	Suspects   []Holder
+	// Holders are the live ones among them, with what they are.
+	Holders  []Holding
+	Suspects []Holder
 
 	// UnownedSince is when UnownedBytes first rose above the orphan
 	// threshold in an unbroken run of snapshots; zero when it is below.

@@ -87,12 +87,17 @@ func (t *Taker) Take(ctx context.Context, forceScan bool) *Snapshot {
 	s.HostPIDsVisible, err = t.pidsVisible()
 	s.GPUs = make([]GPU, 0, len(readings))
 	for _, r := range readings {
-		s.GPUs = append(s.GPUs, t.account(r, s.HostPIDsVisible))
+		g, denied := t.account(r, s.HostPIDsVisible)
+		s.GPUs = append(s.GPUs, g)
+		s.FDScanDenied += denied
 	}
 	s.Sources = append(s.Sources, Source{Name: SourceProc, Err: err, Duration: time.Since(start)})
 
 	start = time.Now()
 	scanned, err := t.scanHolders(s, forceScan)
+	if !scanned && s.FDScanDenied > 0 {
+		scanned, err = true, fmt.Errorf("%w: %d listed owners", ErrScanIncomplete, s.FDScanDenied)
+	}
 	if scanned {
 		s.Sources = append(s.Sources, Source{Name: SourceFDScan, Err: err, Duration: time.Since(start)})
 	}
@@ -147,21 +152,44 @@ func (t *Taker) pidsVisible() (bool, error) {
 	return ns == t.cfg.Driver.PIDNamespace(), nil
 }
 
-// account splits one GPU's used memory by the liveness of its owners.
-func (t *Taker) account(r gpu.Reading, pidsVisible bool) GPU {
+// account splits one GPU's used memory by the liveness of its owners. A
+// listed PID is a live owner only when a live process has it and holds the
+// GPU's device node: after a dead owner's PID is reused, the newcomer does
+// not (FACTS.md, measured on the H200).
+func (t *Taker) account(r gpu.Reading, pidsVisible bool) (GPU, int) {
 	g := GPU{Device: r.Device, Memory: r.Memory, Unsupported: r.Unsupported, Err: r.Err}
 	if !g.Accountable() {
-		return g
+		return g, 0
 	}
 	if !pidsVisible {
 		g.Unsupported = UnsupportedForeignPIDNamespace
-		return g
+		return g, 0
 	}
+	dev, err := t.cfg.Driver.DeviceNode(g.Device.Minor)
+	if err != nil {
+		g.Err = fmt.Errorf("identifying the device node of GPU %d: %w", g.Device.Index, err)
+		return g, 0
+	}
+	denied := 0
 	var listed uint64
 	for _, p := range r.Processes {
 		o := Owner{PID: p.PID, UsedBytes: p.UsedBytes}
 		if pr, ok := t.cfg.Proc.Alive(int(p.PID)); ok {
-			o.Alive, o.Process = true, &pr
+			_, holds, err := t.cfg.Proc.HoldingOf(int(p.PID), dev)
+			switch {
+			case errors.Is(err, proc.ErrNotExist):
+				// Exited since: dead.
+			case err != nil:
+				// Unreadable is not proof of reuse: count it as the owner.
+				denied += boolInt(errors.Is(err, proc.ErrDenied))
+				o.Alive, o.Process, o.Unverified = true, &pr, true
+			case holds:
+				o.Alive, o.Process = true, &pr
+			default:
+				o.ReusedBy = &pr
+			}
+		}
+		if o.Alive {
 			g.OwnedLiveBytes += p.UsedBytes
 		} else {
 			g.OwnedDeadBytes += p.UsedBytes
@@ -172,121 +200,154 @@ func (t *Taker) account(r gpu.Reading, pidsVisible bool) GPU {
 	used := g.Memory.Used
 	g.UnattributedBytes = used - min(listed, used)
 	g.UnownedBytes = used - min(g.OwnedLiveBytes, used)
-	return g
+	return g, denied
 }
 
-// scanHolders finds the suspect holders of every GPU that needs it, in one
-// pass over /proc/*/fd. It reports whether a scan ran.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ErrScanIncomplete fails the fdscan source when some processes'
+// descriptors could not be read.
+var ErrScanIncomplete = errors.New("the descriptors of some processes could not be read (run as root, or with CAP_SYS_PTRACE)")
+
+// scanHolders finds the holders of every GPU that needs it, in one pass
+// over /proc/*/fd. It reports whether a scan ran.
 func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
-	want := map[string][]int{} // device path -> indexes into s.GPUs
+	want := map[proc.Device][]int{} // device -> indexes into s.GPUs
 	for i, g := range s.GPUs {
 		if !g.Accountable() {
 			continue
 		}
 		if force || g.DeadOwnerListed() || g.UnownedBytes > t.cfg.ScanUnownedBytes || t.orphanedOwner(g) {
-			p := t.cfg.Driver.DevicePath(g.Device.Minor)
-			want[p] = append(want[p], i)
+			dev, err := t.cfg.Driver.DeviceNode(g.Device.Minor)
+			if err != nil {
+				return true, fmt.Errorf("identifying the device node of GPU %d: %w", g.Device.Index, err)
+			}
+			want[dev] = append(want[dev], i)
 		}
 	}
 	if len(want) == 0 {
 		return false, nil
 	}
-	paths := make([]string, 0, len(want))
-	for p := range want {
-		paths = append(paths, p)
+	devs := make([]proc.Device, 0, len(want))
+	for d := range want {
+		devs = append(devs, d)
 	}
-	holders, err := t.cfg.Proc.Holders(paths)
+	scan, err := t.cfg.Proc.ScanHolders(devs)
 	if err != nil {
-		return true, fmt.Errorf("scanning /proc for holders of %v: %w", paths, err)
+		return true, fmt.Errorf("scanning /proc for holders of %v: %w", devs, err)
 	}
-	for path, idxs := range want {
-		pids := slices.DeleteFunc(slices.Clone(holders[path]), func(pid int) bool {
-			return slices.Contains(t.cfg.ExcludePIDs, pid)
+	s.FDScanDenied += scan.Denied
+	s.FDScanShielded = scan.Shielded
+	if len(scan.Shielded) > 0 {
+		t.cfg.Logger.Debug("Descriptors shielded by a security policy even with CAP_SYS_PTRACE", "pids", scan.Shielded)
+	}
+	jobs := t.liveJobs(s)
+	for dev, idxs := range want {
+		holdings := slices.DeleteFunc(slices.Clone(scan.Holders[dev]), func(h proc.Holding) bool {
+			return slices.Contains(t.cfg.ExcludePIDs, h.PID)
 		})
+		pids := make([]int, 0, len(holdings))
+		var holders []Holding
+		for _, h := range holdings {
+			pids = append(pids, h.PID)
+			if hd, ok := t.holding(h, jobs); ok {
+				holders = append(holders, hd)
+			}
+		}
 		for _, i := range idxs {
 			g := &s.GPUs[i]
 			g.Scanned = true
 			g.HolderPIDs = pids
-			g.Suspects = t.suspects(*g, pids, path)
+			g.Holders = holders
+			g.Suspects = suspects(*g, holders, t.orphaned)
 		}
+	}
+	if s.FDScanDenied > 0 {
+		return true, fmt.Errorf("%w: %d processes", ErrScanIncomplete, s.FDScanDenied)
 	}
 	return true, nil
 }
 
+// liveJobs maps each live owner's PID to the GPUs where it owns memory.
+func (t *Taker) liveJobs(s *Snapshot) map[int][]string {
+	jobs := map[int][]string{}
+	for _, g := range s.GPUs {
+		for _, o := range g.Owners {
+			if o.Alive && !slices.Contains(jobs[int(o.PID)], g.Device.UUID) {
+				jobs[int(o.PID)] = append(jobs[int(o.PID)], g.Device.UUID)
+			}
+		}
+	}
+	return jobs
+}
+
+// holding reads who a holder is, whether it maps the device, and which live
+// jobs it belongs to. ok is false when it is not alive.
+func (t *Taker) holding(h proc.Holding, jobs map[int][]string) (Holding, bool) {
+	p, ok := t.cfg.Proc.Alive(h.PID)
+	if !ok {
+		return Holding{}, false
+	}
+	mapped, err := t.cfg.Proc.Maps(h)
+	hd := Holding{Process: p, Mapped: err == nil && mapped}
+	// A worker belongs to a live job through its ancestry, on any GPU:
+	// the process itself, its parent, and so on up to init.
+	pid, ppid := h.PID, p.PPID
+	for range 64 { // a bounded walk up the process tree
+		for _, uuid := range jobs[pid] {
+			if !slices.Contains(hd.LiveJobGPUs, uuid) {
+				hd.LiveJobGPUs = append(hd.LiveJobGPUs, uuid)
+			}
+		}
+		if ppid <= 1 {
+			break
+		}
+		parent, ok := t.cfg.Proc.Alive(ppid)
+		if !ok {
+			break
+		}
+		pid, ppid = ppid, parent.PPID
+	}
+	return hd, true
+}
+
 // suspects applies the two rules of a suspect holder.
 //
-// An unlisted holder must also have the device node mapped into its memory:
-// a CUDA context maps it, and forked children inherit the mapping, whereas
-// NVML-only tools (nvidia-smi, DCGM, monitoring agents, this exporter) only
-// keep the descriptor open (measured on the H200: fuser shows F...m for the
-// children, F.... for the exporter; all hold /dev/nvidia-uvm too).
-func (t *Taker) suspects(g GPU, holderPIDs []int, devicePath string) []Holder {
+//   - inherited_from_dead_owner: NVML lists a dead PID on the GPU, and a live
+//     holder that NVML does not list maps the device node and belongs to no
+//     live job on any GPU. A CUDA context maps the node and forked children
+//     inherit the mapping, whereas NVML-only tools (nvidia-smi, DCGM, this
+//     exporter) only keep it open (measured on the H200: fuser shows F...m
+//     for the children, F.... for the exporter).
+//   - orphaned: a live listed owner whose session leader died.
+func suspects(g GPU, holders []Holding, orphaned func(proc.Process) bool) []Holder {
 	var out []Holder
 	listed := map[int]Owner{}
 	for _, o := range g.Owners {
 		listed[int(o.PID)] = o
 	}
 	deadListed := g.DeadOwnerListed()
-	for _, pid := range holderPIDs {
-		if o, ok := listed[pid]; ok {
-			if o.Alive && t.orphaned(*o.Process) {
-				out = append(out, Holder{Process: *o.Process, Reason: ReasonOrphaned, Listed: true})
-			}
-			continue
+	for _, h := range holders {
+		if o, ok := listed[h.PID]; ok && o.Alive {
+			continue // listed owners are judged below
 		}
-		if !deadListed {
-			continue
-		}
-		if mapped, err := t.cfg.Proc.Maps(pid, devicePath); err != nil || !mapped {
-			continue
-		}
-		if p, ok := t.cfg.Proc.Alive(pid); ok && !t.belongsToLiveOwner(p, g) {
-			out = append(out, Holder{Process: p, Reason: ReasonInheritedFromDeadOwner})
+		if deadListed && h.Mapped && len(h.LiveJobGPUs) == 0 {
+			out = append(out, Holder{Process: h.Process, Reason: ReasonInheritedFromDeadOwner})
 		}
 	}
-	// A listed owner that is orphaned counts even if the scan missed it
-	// (it may hold the node through a path we do not resolve).
+	// A listed owner that is orphaned counts even if the scan missed it.
 	for _, o := range g.Owners {
-		if o.Alive && !slices.Contains(holderPIDs, int(o.PID)) && t.orphaned(*o.Process) {
-			out = append(out, Holder{Process: *o.Process, Reason: ReasonOrphaned, Listed: true})
+		if o.Alive && orphaned(*o.Process) {
+			out = append(out, Holder{Process: *o.Process, Reason: ReasonOrphaned, Listed: true, UsedBytes: o.UsedBytes})
 		}
 	}
 	slices.SortFunc(out, func(a, b Holder) int { return a.PID - b.PID })
 	return out
-}
-
-// belongsToLiveOwner reports whether an unlisted holder is a worker of a
-// live job on the GPU: a live listed owner is its ancestor or shares its
-// process group. Such a worker holds that owner's context, not the dead
-// one's, and must never be called a suspect.
-func (t *Taker) belongsToLiveOwner(p proc.Process, g GPU) bool {
-	live := map[int]bool{}
-	for _, o := range g.Owners {
-		if o.Alive {
-			live[int(o.PID)] = true
-			if o.Process.PGID == p.PGID {
-				return true
-			}
-		}
-	}
-	if len(live) == 0 {
-		return false
-	}
-	ppid := p.PPID
-	for range 64 { // a bounded walk up the process tree
-		if ppid <= 1 {
-			return false
-		}
-		if live[ppid] {
-			return true
-		}
-		parent, ok := t.cfg.Proc.Alive(ppid)
-		if !ok {
-			return false
-		}
-		ppid = parent.PPID
-	}
-	return false
 }
 
 // orphanedOwner reports whether any live listed owner is orphaned; that

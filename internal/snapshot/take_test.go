@@ -37,6 +37,10 @@ func (d testDriver) DevicePath(minor int) string {
 	return filepath.Join(d.devDir, "nvidia"+strconv.Itoa(minor))
 }
 
+func (d testDriver) DeviceNode(minor int) (proc.Device, error) {
+	return proc.StatDevice(d.DevicePath(minor))
+}
+
 func (d testDriver) PIDNamespace() string {
 	if d.pidNS != "" {
 		return d.pidNS
@@ -135,9 +139,15 @@ func startHolder(t *testing.T, cmd *exec.Cmd, setsid bool, paths ...string) *exe
 func waitMapped(t *testing.T, pid int, path string) {
 	t.Helper()
 	fs := procFS(t)
+	dev, err := proc.StatDevice(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if ok, _ := fs.Maps(pid, path); ok {
-			return
+		if h, held, _ := fs.HoldingOf(pid, dev); held {
+			if ok, _ := fs.Maps(h); ok {
+				return
+			}
 		}
 	}
 	t.Fatalf("process %d never mapped %s", pid, path)
@@ -278,8 +288,9 @@ func TestAccountingFacts(t *testing.T) {
 				want{dead: 5732, unattributed: 8, unowned: 5740, scanned: true, suspects: sus}
 		}},
 		{"a live job's forked worker is never a suspect, even beside a dead owner", func(t *testing.T, dev string) (gpu0, want) {
-			// The live owner is a shell that forked a worker holding the device.
-			live := exec.Command("sh", "-c", "\"$0\" 3<"+dev+" & wait", os.Args[0])
+			// The live owner is a shell that holds the device (a live owner
+			// holds its context) and forked a worker that inherited it.
+			live := exec.Command("sh", "-c", "exec 3<"+dev+"; \"$0\" & wait", os.Args[0])
 			live.Env = testenv.MapperEnviron()
 			live.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 			if err := live.Start(); err != nil {

@@ -25,6 +25,7 @@ const (
 	SkipBelowThreshold        = "below_threshold"
 	SkipTooYoung              = "too_young"
 	SkipNotScanned            = "holders_not_scanned"
+	SkipScanIncomplete        = "holders_scan_incomplete"
 	SkipNoTargets             = "no_targets"
 )
 
@@ -39,6 +40,12 @@ const (
 	WhyZombie          = "zombie"
 	WhyProtected       = "protected"
 	WhyOwnsLiveMemory  = "owns_live_memory"
+	// WhyLiveJobElsewhere: the process, or an ancestor, owns live memory on
+	// another GPU: it is part of a healthy job there.
+	WhyLiveJobElsewhere = "live_job_on_another_gpu"
+	// WhyNotMapped: it holds the device node open without mapping it, as
+	// NVML-only readers (nvidia-smi, DCGM, exporters) do.
+	WhyNotMapped = "nvml_reader_not_mapped"
 )
 
 // Target reasons that this package adds to the snapshot's suspect reasons.
@@ -154,14 +161,12 @@ type Plan struct {
 // groups lists process groups for the whole-group rule; nil kills
 // suspects only. now is the moment that ages are measured to.
 //
-// The problem each policy needs:
+// Every policy honours MinBytes and MinAge:
 //   - dead-owner and all-holders: memory with no live owner above MinBytes
 //     for at least MinAge.
-//   - orphaned: the same, or an orphaned holder (a suspect with reason
-//     orphaned). Such a holder's memory has a live owner, so neither
-//     UnownedBytes nor UnownedSince says anything about it; being orphaned
-//     is a fact of the process tree, not a reading that may flicker, and
-//     the alert's own `for:` supplies the age. So it needs no threshold.
+//   - orphaned: the same, or an orphaned owner that NVML charges more than
+//     MinBytes and that has been seen orphaned for at least MinAge. Its
+//     memory has a live owner, so UnownedBytes says nothing about it.
 //     Inherited suspects are still targeted only when the dead-owner
 //     problem holds.
 func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, now time.Time) Plan {
@@ -178,6 +183,10 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	if found {
 		p.GPUUUID, p.GPUIndex = g.Device.UUID, g.Device.Index
 		p.Before = remediate.NewMemoryEvidence(g, s.Taken, now)
+	}
+	// A holder we could not see may be anyone: act on a complete scan only.
+	if s.FDScanDenied > 0 {
+		return skip(fmt.Sprintf("%s: the descriptors of %d processes could not be read; run the remediator as root or with CAP_SYS_PTRACE", SkipScanIncomplete, s.FDScanDenied))
 	}
 	// A failed source may have left any GPU's numbers stale or partial.
 	if !s.Healthy() {
@@ -205,10 +214,23 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	case g.UnownedSince.IsZero() || now.Sub(g.UnownedSince) < cfg.MinAge:
 		problem = SkipTooYoung
 	}
-	orphans := cfg.Policy == remediate.PolicyOrphaned && slices.ContainsFunc(g.Suspects, func(h snapshot.Holder) bool {
-		return h.Reason == snapshot.ReasonOrphaned
-	})
-	if problem != "" && !orphans {
+	ripe := map[int]bool{} // orphaned owners old and big enough
+	youngOrphan := false
+	if cfg.Policy == remediate.PolicyOrphaned {
+		for _, h := range g.Suspects {
+			switch {
+			case h.Reason != snapshot.ReasonOrphaned || h.UsedBytes <= cfg.MinBytes:
+			case h.Since.IsZero() || now.Sub(h.Since) < cfg.MinAge:
+				youngOrphan = true
+			default:
+				ripe[h.PID] = true
+			}
+		}
+	}
+	if problem != "" && len(ripe) == 0 {
+		if youngOrphan {
+			problem = SkipTooYoung // worth another look later
+		}
 		return skip(problem)
 	}
 	if !g.Scanned {
@@ -216,7 +238,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	}
 
 	w := newWorld(s)
-	cands := candidates(g, cfg.Policy, problem == "", groups)
+	cands := candidates(g, cfg.Policy, problem == "", ripe)
 	targeted := map[int]bool{}
 	excluded := map[int]bool{}
 	for _, c := range cands {
@@ -267,42 +289,34 @@ type candidate struct {
 }
 
 // candidates lists, in order, who policy would target on g. deadOwner says
-// whether the dead-owner problem holds.
-func candidates(g snapshot.GPU, policy string, deadOwner bool, groups GroupLister) []candidate {
+// whether the dead-owner problem holds; ripe are the orphaned owners old
+// and big enough for the orphaned policy.
+func candidates(g snapshot.GPU, policy string, deadOwner bool, ripe map[int]bool) []candidate {
 	var out []candidate
 	for _, h := range g.Suspects {
 		switch {
 		case h.Reason == snapshot.ReasonInheritedFromDeadOwner && deadOwner && g.DeadOwnerListed(),
-			h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned,
-			policy == remediate.PolicyAllHolders:
+			h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned && ripe[h.PID]:
 			out = append(out, candidate{Process: h.Process, reason: h.Reason})
 		}
 	}
-	if policy != remediate.PolicyAllHolders {
+	if policy != remediate.PolicyAllHolders || !deadOwner {
 		return out
 	}
-	owners := map[int]*proc.Process{}
-	for _, o := range g.Owners {
-		if o.Alive && o.Process != nil {
-			owners[int(o.PID)] = o.Process
-		}
-	}
-	reader, _ := groups.(ProcessReader)
-	for _, pid := range g.HolderPIDs {
-		if slices.ContainsFunc(out, func(c candidate) bool { return c.PID == pid }) {
+	// all-holders: every process that maps this GPU's device node, unless
+	// it (or an ancestor) owns live memory on another GPU.
+	for _, h := range g.Holders {
+		if slices.ContainsFunc(out, func(c candidate) bool { return c.PID == h.PID }) {
 			continue
 		}
-		if pr, ok := owners[pid]; ok {
-			out = append(out, candidate{Process: *pr, reason: ReasonDeviceHolder})
-			continue
+		c := candidate{Process: h.Process, reason: ReasonDeviceHolder}
+		switch {
+		case !h.Mapped:
+			c.why = WhyNotMapped
+		case slices.ContainsFunc(h.LiveJobGPUs, func(uuid string) bool { return uuid != g.Device.UUID }):
+			c.why = WhyLiveJobElsewhere
 		}
-		if reader == nil {
-			out = append(out, candidate{Process: proc.Process{PID: pid}, reason: ReasonDeviceHolder, why: WhyIdentityUnknown})
-			continue
-		}
-		if pr, ok := reader.Alive(pid); ok {
-			out = append(out, candidate{Process: pr, reason: ReasonDeviceHolder})
-		}
+		out = append(out, c)
 	}
 	return out
 }
@@ -346,8 +360,11 @@ func newWorld(s *snapshot.Snapshot) world {
 	return w
 }
 
-// wholeGroups applies the group rule: a process group is killed whole when
-// every live member is a target, or holds no GPU and may be touched.
+// wholeGroups applies the group rule: a process group is killed whole only
+// when its leader is dead or is itself a target, and every other live
+// member is a target, or holds no GPU and may be touched. A live leader
+// that is not a target is a job script or shell the user runs: its group
+// is the user's, and only the targets in it are signalled.
 func (p *Plan) wholeGroups(cfg Config, w world, groups GroupLister, targeted map[int]bool) {
 	var pgids []int
 	for _, t := range p.Targets {
@@ -381,6 +398,11 @@ func groupExtras(cfg Config, w world, groups GroupLister, targeted map[int]bool,
 	members, err := groups.Members(pgid)
 	if err != nil {
 		return nil, fmt.Sprintf("listing its members: %v", err)
+	}
+	for _, m := range members {
+		if m.PID == pgid && m.PGID == pgid && !targeted[m.PID] {
+			return nil, fmt.Sprintf("its leader %d (%s) is alive and not a target", m.PID, m.Comm)
+		}
 	}
 	var extra []proc.Process
 	for _, m := range members {

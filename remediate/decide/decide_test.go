@@ -41,8 +41,9 @@ func inherited(p proc.Process) snapshot.Holder {
 	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner}
 }
 
+// orphaned is an orphaned owner of 2658 MiB, seen orphaned for ten minutes.
 func orphaned(p proc.Process) snapshot.Holder {
-	return snapshot.Holder{Process: p, Reason: snapshot.ReasonOrphaned, Listed: true}
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonOrphaned, Listed: true, UsedBytes: 2658 * mib, Since: now.Add(-10 * time.Minute)}
 }
 
 func dead(pid uint32, bytes uint64) snapshot.Owner {
@@ -75,6 +76,24 @@ func gpuAcct(index int, owners []snapshot.Owner, holders []int, suspects ...snap
 	g.UnownedBytes = g.Memory.Used - g.OwnedLiveBytes
 	if g.UnownedBytes <= 256*mib {
 		g.UnownedSince = time.Time{}
+	}
+	// Every holder of the cast maps the device but the NVML-only readers;
+	// live owners (on this GPU) are live jobs.
+	for _, pid := range holders {
+		h := snapshot.Holding{Process: cast[pid], Mapped: true}
+		if h.PID == 0 {
+			h.Process = pr(pid, 1, pid, "cuda_app")
+		}
+		switch h.Comm {
+		case "nvidia-smi", "dcgm-exporter", "nvidia-persiste":
+			h.Mapped = false
+		}
+		for _, o := range owners {
+			if o.Alive && int(o.PID) == pid {
+				h.LiveJobGPUs = []string{g.Device.UUID}
+			}
+		}
+		g.Holders = append(g.Holders, h)
 	}
 	return g
 }
@@ -123,6 +142,15 @@ var (
 	spawned  = proc.Process{PID: 400, PPID: 1, PGID: 390, SID: 390, State: "S", StartTime: 100400, User: "bob", Comm: "python3", Cmdline: "python3 spawn.py"}
 	spawnAux = proc.Process{PID: 401, PPID: 400, PGID: 390, SID: 390, State: "S", StartTime: 100401, User: "bob", Comm: "sleep", Cmdline: "sleep 1000"}
 )
+
+// cast indexes the processes above by PID.
+var cast = func() map[int]proc.Process {
+	m := map[int]proc.Process{}
+	for _, p := range []proc.Process{worker1, worker2, helper, stranger, other, smi, persisted, exporter, spawned, spawnAux} {
+		m[p.PID] = p
+	}
+	return m
+}()
 
 func forkOrphan() snapshot.GPU {
 	return gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 202}, inherited(worker1), inherited(worker2))
@@ -474,9 +502,86 @@ func TestDecide(t *testing.T) {
 				300: ReasonDeviceHolder,
 				310: ReasonDeviceHolder,
 			},
-			wantWhole:    []int{201, 300, 310},
-			wantGroups:   []int{100, 300, 310},
-			wantExcluded: map[int]string{301: WhyProtected},
+			wantWhole:  []int{201, 300, 310},
+			wantGroups: []int{100, 300, 310},
+			// nvidia-smi holds the node without mapping it: an NVML reader.
+			wantExcluded: map[int]string{301: WhyNotMapped},
+		},
+		{
+			name: "all-holders spares a live job on another GPU, and an NVML-only reader",
+			snap: func() *snapshot.Snapshot {
+				g0 := gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 300, 310, 320}, inherited(worker1))
+				for i := range g0.Holders {
+					switch g0.Holders[i].PID {
+					case 300: // a job on GPU 1 that maps every GPU's node, as multi-GPU CUDA does
+						g0.Holders[i].LiveJobGPUs = []string{"GPU-b"}
+					case 310: // its forked worker: an ancestor owns GPU 1
+						g0.Holders[i].LiveJobGPUs = []string{"GPU-b"}
+					case 320: // a monitor that opened the node through NVML
+						g0.Holders[i].Mapped = false
+					}
+				}
+				g1 := gpuAcct(1, []snapshot.Owner{live(other, 4096*mib)}, []int{300, 310})
+				return snap(g0, g1)
+			}(),
+			gpu:    "0",
+			cfg:    baseConfig(remediate.PolicyAllHolders),
+			groups: fakeGroups{groups: map[int][]proc.Process{100: {worker1}}},
+			wantTargets: map[int]string{
+				201: snapshot.ReasonInheritedFromDeadOwner,
+			},
+			wantWhole:    []int{201},
+			wantGroups:   []int{100},
+			wantExcluded: map[int]string{300: WhyLiveJobElsewhere, 310: WhyLiveJobElsewhere, 320: WhyNotMapped},
+		},
+		{
+			name: "orphaned policy: an orphan seen for less than min-age is too young",
+			snap: func() *snapshot.Snapshot {
+				h := orphaned(spawned)
+				h.Since = now.Add(-2 * time.Second) // a nohup job two seconds old
+				return snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, h))
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyOrphaned),
+			groups:   fakeGroups{groups: map[int][]proc.Process{390: {spawned, spawnAux}}},
+			wantSkip: SkipTooYoung,
+		},
+		{
+			name: "orphaned policy: an orphan charged no more than min-bytes is below threshold",
+			snap: func() *snapshot.Snapshot {
+				h := orphaned(spawned)
+				h.UsedBytes = 100 * mib
+				return snap(gpuAcct(0, []snapshot.Owner{live(spawned, 100*mib)}, []int{400}, h))
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyOrphaned),
+			wantSkip: SkipBelowThreshold,
+		},
+		{
+			name: "a group whose leader is alive and not a target is not killed whole",
+			snap: snap(forkOrphan()),
+			gpu:  "0",
+			cfg:  baseConfig(remediate.PolicyDeadOwner),
+			// A job script (setsid) leads group 100: it ran the trainer
+			// and a tensorboard, and waits.
+			groups: forkOrphanGroups(pr(100, 1, 100, "bash"), worker1, worker2, helper),
+			wantTargets: map[int]string{
+				201: snapshot.ReasonInheritedFromDeadOwner,
+				202: snapshot.ReasonInheritedFromDeadOwner,
+			},
+			wantNote: "its leader 100 (bash) is alive and not a target",
+		},
+		{
+			name: "an incomplete scan is never acted on",
+			snap: func() *snapshot.Snapshot {
+				s := snap(forkOrphan())
+				s.FDScanDenied = 3
+				return s
+			}(),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
+			groups:   forkOrphanGroups(worker1, worker2),
+			wantSkip: SkipScanIncomplete,
 		},
 		{
 			name: "all-holders still needs the problem",

@@ -342,6 +342,12 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 			l.logger().Warn("re-listing a process group killed whole", "pgid", pgid, "err", err)
 			continue
 		}
+		// The plan's rule holds for newcomers too: a group whose leader
+		// lives and is not a target is the user's.
+		if i := slices.IndexFunc(members, func(m proc.Process) bool { return m.PID == pgid }); i >= 0 && !known[pgid] {
+			l.logger().Warn("process group not re-listed: its leader is alive and not a target", "pgid", pgid, "leader", members[i].Comm)
+			continue
+		}
 		for _, m := range members {
 			if m.PGID != pgid || known[m.PID] || m.Zombie() {
 				continue
