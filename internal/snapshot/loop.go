@@ -23,7 +23,7 @@ type Loop struct {
 	// suspectSince: when each suspect was first seen, per GPU, process
 	// (PID and start time, so a reused PID starts afresh) and reason.
 	suspectSince map[suspectKey]time.Time
-	ticked chan struct{}
+	ticked       chan struct{}
 }
 
 // NewLoop returns a Loop; call Run to start it.
