@@ -129,7 +129,7 @@ func retryable(skipReason string, minAge time.Duration) (time.Duration, bool) {
 // Act runs the kill ladder on the plan's targets and verifies that the
 // memory came back. The plan is recorded before the first signal.
 func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) remediate.Action {
-	a.State = remediate.StateRunning
+	a.State, a.Reason = remediate.StateRunning, ""
 	if err := n.record(ctx, a, "plan", plan); err != nil {
 		a.State, a.Reason = remediate.StateFailed, "refused to act: the plan could not be recorded: "+err.Error()
 		return a

@@ -369,6 +369,37 @@ func TestLadderLateGroupMembers(t *testing.T) {
 	}
 }
 
+// TestLadderLateMembersLiveLeader: the group rule holds for newcomers too.
+// When a group's leader is alive and not a target (a job script that
+// waits), re-listing adds no member: neither the leader nor its other
+// children are signalled, only the planned target.
+func TestLadderLateMembersLiveLeader(t *testing.T) {
+	fs := procFS(t)
+	leader := start(t, "", "sh", "-c", "sleep 100 & echo $!; sleep 100 & echo $!; wait")
+	var sleeps []int
+	for range 2 {
+		pid, err := strconv.Atoi(leader.readLine(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, pid, "S")
+		sleeps = append(sleeps, pid)
+	}
+	t.Cleanup(func() { killIfAlive(sleeps[1]) })
+	tg := targetOf(t, fs, sleeps[0])
+	tg.WholeGroup = true
+	got := (&Ladder{Grace: grace, ExitTimeout: 2 * time.Second, Proc: fs, Groups: decide.ProcGroups{FS: fs}}).Kill(context.Background(), []remediate.Target{tg})
+	if len(got) != 1 || got[0].PID != sleeps[0] || got[0].Outcome != OutcomeExitedAfterSIGTERM {
+		t.Fatalf("got %+v, want only the planned target, exited after SIGTERM", got)
+	}
+	if leader.exited(200 * time.Millisecond) {
+		t.Error("the live leader, not a target, was signalled")
+	}
+	if s := state(sleeps[1]); s != "S" {
+		t.Errorf("the leader's other child is in state %q, want S (untouched)", s)
+	}
+}
+
 // TestLadderStaleGroup: a group whose planned member turned out to be
 // another process is not re-listed.
 func TestLadderStaleGroup(t *testing.T) {

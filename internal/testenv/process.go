@@ -1,0 +1,130 @@
+package testenv
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// StartWithPID starts the command that newCmd builds with exactly pid, by
+// setting /proc/sys/kernel/ns_last_pid (as CRIU restores PIDs), retrying
+// while other processes take the PID first. It skips the test where the
+// kernel does not let us choose (no CAP_SYS_ADMIN over the PID namespace).
+// The process is killed at cleanup.
+func StartWithPID(t testing.TB, pid int, newCmd func() *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	const lastPID = "/proc/sys/kernel/ns_last_pid"
+	for range 200 {
+		if err := os.WriteFile(lastPID, []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EPERM) {
+				t.Skipf("cannot choose PIDs here (%v): run as root to prove PID reuse", err)
+			}
+			t.Fatalf("writing %s: %v", lastPID, err)
+		}
+		cmd := newCmd()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == pid {
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			return cmd
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	t.Skipf("other processes took PID %d 200 times in a row", pid)
+	return nil
+}
+
+// Script is a shell script run as a job: in a session and process group of
+// its own, which it leads.
+type Script struct {
+	Cmd   *exec.Cmd
+	lines *bufio.Reader
+}
+
+// StartScript runs script with bash as a scheduler starts a job script
+// (setsid). env is added to the environment. Everything the script starts
+// is killed at cleanup.
+func StartScript(t testing.TB, script string, env ...string) *Script {
+	t.Helper()
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Script{Cmd: cmd, lines: bufio.NewReader(stdout)}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	return s
+}
+
+// Ready reads the next "ready PID CHILD..." line that a `gpu-orphan-sim
+// run` inside the script printed, and returns its workload. Its children
+// are killed at cleanup (they leave the script's group only if asked to).
+func (s *Script) Ready(t testing.TB) *Workload {
+	t.Helper()
+	type result struct {
+		line string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := s.lines.ReadString('\n')
+		ch <- result{line, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the script's workload never got ready")
+	}
+	if r.err != nil {
+		t.Fatalf("the script's workload never got ready: %v", r.err)
+	}
+	fields := strings.Fields(r.line)
+	if len(fields) < 2 || fields[0] != "ready" {
+		t.Fatalf("unexpected workload line %q", r.line)
+	}
+	w := &Workload{}
+	for i, f := range fields[1:] {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("bad pid in %q", r.line)
+		}
+		if i == 0 {
+			w.PID = pid
+		} else {
+			w.Children = append(w.Children, pid)
+		}
+	}
+	t.Cleanup(func() {
+		for _, pid := range append([]int{w.PID}, w.Children...) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return w
+}
+
+// WaitGone waits until pid no longer exists (reaped), or fails the test.
+func WaitGone(t testing.TB, pid int) {
+	t.Helper()
+	Eventually(t, 10*time.Second, "PID "+strconv.Itoa(pid)+" to be reaped", func() bool {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		return errors.Is(err, os.ErrNotExist)
+	})
+}
