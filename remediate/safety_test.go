@@ -386,4 +386,3 @@ func TestSafetyOthersLeftoversAreNotFailures(t *testing.T) {
 		t.Errorf("breaker_open = %v after cleanups that did all they could", v)
 	}
 }
-
