@@ -52,6 +52,7 @@ var (
 	takenDesc       = nodeDesc("snapshot_timestamp_seconds", "When the latest snapshot was taken.")
 	snapAgeDesc     = nodeDesc("snapshot_age_seconds", "Age of the latest snapshot at scrape time.")
 	thresholdDesc   = nodeDesc("orphan_threshold_bytes", "Memory with no live owner above which a GPU's age clock runs.")
+	unreadableDesc  = nodeDesc("fdscan_unreadable_processes", "Processes whose descriptors could not be read in the latest snapshot (not root, no CAP_SYS_PTRACE); when not 0, holders may be missing and the fdscan source fails.")
 )
 
 // Source is where the collector finds the latest snapshot; a
@@ -77,7 +78,7 @@ func NewCollector(loop Source, logger *slog.Logger) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuInfoDesc, readOKDesc, supportDesc, totalDesc, usedDesc, reservedDesc, freeDesc,
 		ownedLiveDesc, ownedDeadDesc, unattributedDesc, unownedDesc, ageDesc, suspectsDesc, processDesc, holderDesc,
-		pidsVisibleDesc, sourceOKDesc, sourceDurDesc, takenDesc, snapAgeDesc, thresholdDesc} {
+		pidsVisibleDesc, sourceOKDesc, sourceDurDesc, takenDesc, snapAgeDesc, thresholdDesc, unreadableDesc} {
 		ch <- d
 	}
 }
@@ -101,6 +102,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if len(s.Sources) > 1 {
 		gauge(pidsVisibleDesc, boolFloat(s.HostPIDsVisible))
 	}
+	// Always present, so that an alert on it needs no absent().
+	gauge(unreadableDesc, float64(s.FDScanDenied))
 	for _, g := range s.GPUs {
 		c.collectGPU(ch, g, s.Taken)
 	}

@@ -22,21 +22,34 @@ func runPS(logger *slog.Logger, backend *cli.Backend, output string) int {
 	}
 	defer node.Driver.Close()
 	s := node.Taker.Take(context.Background(), true)
+	r := cli.NewReport(s, node.Driver.DevicePath)
 	switch output {
 	case "json":
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(cli.NewReport(s, node.Driver.DevicePath)); err != nil {
+		if err := enc.Encode(r); err != nil {
 			fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
 			return 1
 		}
+		// The JSON carries the count; a person reading the terminal
+		// still gets the warning, on stderr.
+		if r.FDScanUnreadableProcesses > 0 {
+			fmt.Fprintln(os.Stderr, unreadableWarning(r.FDScanUnreadableProcesses))
+		}
 	default:
-		writeTable(os.Stdout, cli.NewReport(s, node.Driver.DevicePath))
+		writeTable(os.Stdout, r)
 	}
-	if !s.Healthy() {
+	// An incomplete scan fails the fdscan source; the count is checked
+	// as well, so that "no suspect holders" is never an exit 0 unproven.
+	if !s.Healthy() || r.FDScanUnreadableProcesses > 0 {
 		return 1
 	}
 	return 0
+}
+
+// unreadableWarning says why the holders shown may be incomplete.
+func unreadableWarning(n int) string {
+	return fmt.Sprintf("WARNING: the descriptors of %d processes could not be read (run as root, or with CAP_SYS_PTRACE): holders may be missing, so 'no suspect holders' is not proven.", n)
 }
 
 func writeTable(w io.Writer, r cli.Report) {
@@ -44,6 +57,10 @@ func writeTable(w io.Writer, r cli.Report) {
 		if src.Error != "" {
 			fmt.Fprintf(w, "ERROR: source %s failed: %s\n", src.Name, src.Error)
 		}
+	}
+	unreadable := r.FDScanUnreadableProcesses
+	if unreadable > 0 {
+		fmt.Fprintln(w, unreadableWarning(unreadable))
 	}
 	if !r.HostPIDsVisible && len(r.GPUs) > 0 {
 		fmt.Fprintln(w, "WARNING: the driver's PIDs are not visible in this PID namespace; nothing is called orphaned (run on the host, or with --path.procfs pointing at the host's /proc).")
@@ -70,16 +87,19 @@ func writeTable(w io.Writer, r cli.Report) {
 		if len(g.Owners) > 0 {
 			var owners []string
 			for _, o := range g.Owners {
-				state := "alive"
-				if !o.Alive {
-					state = "DEAD"
-				}
-				owners = append(owners, fmt.Sprintf("%d %s (%s)", o.PID, mib(o.UsedBytes), state))
+				owners = append(owners, fmt.Sprintf("%d %s (%s)", o.PID, mib(o.UsedBytes), ownerState(o)))
 			}
 			fmt.Fprintf(w, "  NVML lists: %s\n", strings.Join(owners, ", "))
 		}
+		if unreadable > 0 {
+			fmt.Fprintf(w, "  WARNING: holders may be missing: the descriptors of %d processes could not be read.\n", unreadable)
+		}
 		if len(g.Suspects) == 0 {
-			fmt.Fprintf(w, "  no suspect holders (%d processes hold the device)\n", len(g.HolderPIDs))
+			if unreadable > 0 {
+				fmt.Fprintf(w, "  no suspect holders found, NOT PROVEN (%d readable processes hold the device)\n", len(g.HolderPIDs))
+			} else {
+				fmt.Fprintf(w, "  no suspect holders (%d processes hold the device)\n", len(g.HolderPIDs))
+			}
 			continue
 		}
 		fmt.Fprintln(w, "  suspect holders:")
@@ -97,7 +117,34 @@ func writeTable(w io.Writer, r cli.Report) {
 		}
 		tw.Flush()
 	}
+	if len(r.FDScanShieldedPIDs) > 0 {
+		pids := "PIDs"
+		if len(r.FDScanShieldedPIDs) == 1 {
+			pids = "PID"
+		}
+		fmt.Fprintf(w, "\nnote: a security policy hides the descriptors of %s %s even from CAP_SYS_PTRACE; they were not scanned.\n",
+			pids, strings.Trim(fmt.Sprint(r.FDScanShieldedPIDs), "[]"))
+	}
 	fmt.Fprintf(w, "\n(%s, %s)\n", r.Driver, r.Taken.Format(time.RFC3339))
+}
+
+// ownerState says whether a listed PID is its memory's live owner. A live
+// process under a dead owner's PID is named, and is not the owner.
+func ownerState(o cli.ReportOwner) string {
+	if !o.Alive {
+		if o.ReusedBy != nil {
+			return fmt.Sprintf("DEAD: PID now belongs to %d %s, which holds no descriptor of this GPU", o.ReusedBy.PID, o.ReusedBy.Comm)
+		}
+		return "DEAD"
+	}
+	state := "alive"
+	if o.LeaderExited {
+		state += ", main thread exited"
+	}
+	if o.Unverified {
+		state += ", unverified: its descriptors could not be read"
+	}
+	return state
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%d MiB", b>>20) }

@@ -15,7 +15,14 @@ type Report struct {
 	Driver          string         `json:"driver"`
 	HostPIDsVisible bool           `json:"host_pids_visible"`
 	Sources         []ReportSource `json:"sources"`
-	GPUs            []ReportGPU    `json:"gpus"`
+	// FDScanUnreadableProcesses counts the processes whose descriptors
+	// could not be read (not root, no CAP_SYS_PTRACE). When it is not 0,
+	// holders may be missing: "no suspect holders" is not proven.
+	FDScanUnreadableProcesses int `json:"fdscan_unreadable_processes"`
+	// FDScanShieldedPIDs are the processes whose descriptors a security
+	// policy hides even from CAP_SYS_PTRACE; they do not fail the scan.
+	FDScanShieldedPIDs []int       `json:"fdscan_shielded_pids,omitempty"`
+	GPUs               []ReportGPU `json:"gpus"`
 }
 
 // ReportSource is one input's health.
@@ -52,6 +59,23 @@ type ReportOwner struct {
 	PID       uint32 `json:"pid"`
 	UsedBytes uint64 `json:"used_bytes"`
 	Alive     bool   `json:"alive"`
+	// LeaderExited: alive, but its main thread has exited while other
+	// threads run on (/proc shows it as Z).
+	LeaderExited bool `json:"leader_exited,omitempty"`
+	// Unverified: alive, but its descriptors could not be read, so that
+	// it still holds the GPU is assumed, not proven.
+	Unverified bool `json:"unverified,omitempty"`
+	// ReusedBy is the unrelated live process that now has the PID of
+	// this dead owner; it holds no descriptor of the GPU.
+	ReusedBy *ReportProcessRef `json:"reused_by,omitempty"`
+}
+
+// ReportProcessRef names a process: (pid, start_time) is its identity even
+// when the PID is reused.
+type ReportProcessRef struct {
+	PID       int    `json:"pid"`
+	Comm      string `json:"comm"`
+	StartTime uint64 `json:"start_time"`
 }
 
 // ReportHolder is one suspect holder: its identity, as the remediator's
@@ -64,7 +88,8 @@ type ReportHolder struct {
 
 // NewReport builds the JSON view of s.
 func NewReport(s *snapshot.Snapshot, devicePath func(minor int) string) Report {
-	r := Report{Taken: s.Taken, Driver: s.Driver, HostPIDsVisible: s.HostPIDsVisible, Sources: []ReportSource{}, GPUs: []ReportGPU{}}
+	r := Report{Taken: s.Taken, Driver: s.Driver, HostPIDsVisible: s.HostPIDsVisible, Sources: []ReportSource{}, GPUs: []ReportGPU{},
+		FDScanUnreadableProcesses: s.FDScanDenied, FDScanShieldedPIDs: s.FDScanShielded}
 	for _, src := range s.Sources {
 		rs := ReportSource{Name: src.Name, DurationSeconds: src.Duration.Seconds()}
 		if src.Err != nil {
@@ -87,7 +112,14 @@ func NewReport(s *snapshot.Snapshot, devicePath func(minor int) string) Report {
 			rg.HolderPIDs = []int{}
 		}
 		for _, o := range g.Owners {
-			rg.Owners = append(rg.Owners, ReportOwner{PID: o.PID, UsedBytes: o.UsedBytes, Alive: o.Alive})
+			ro := ReportOwner{PID: o.PID, UsedBytes: o.UsedBytes, Alive: o.Alive, Unverified: o.Alive && o.Unverified}
+			if o.Alive && o.Process != nil {
+				ro.LeaderExited = o.Process.LeaderExited
+			}
+			if !o.Alive && o.ReusedBy != nil {
+				ro.ReusedBy = &ReportProcessRef{PID: o.ReusedBy.PID, Comm: o.ReusedBy.Comm, StartTime: o.ReusedBy.StartTime}
+			}
+			rg.Owners = append(rg.Owners, ro)
 		}
 		for _, h := range g.Suspects {
 			rg.Suspects = append(rg.Suspects, NewReportHolder(h.Process, h.Reason, h.Listed))
