@@ -23,6 +23,10 @@ type Process struct {
 	// container (docker, containerd, cri-o) or a Kubernetes pod.
 	Container string
 	Pod       string
+	// SlurmJob and SlurmStep are parsed from any of the process's cgroup
+	// paths when slurmd placed it there (see parseSlurm).
+	SlurmJob  string
+	SlurmStep string
 	// LeaderExited is set when the main thread has exited (State "Z")
 	// while other threads of the process run on: it is alive, and they
 	// keep its descriptors and its GPU context (measured on the H200 after

@@ -58,6 +58,13 @@ func (fs FS) Process(pid int) (Process, error) {
 		Cmdline: cmdline,
 		Cgroup:  cgroupPath(cgs),
 	}
+	// slurmd uses one hierarchy or several: any line may carry the job.
+	for _, cg := range cgs {
+		if job, step := parseSlurm(cg.Path); job != "" {
+			pr.SlurmJob, pr.SlurmStep = job, step
+			break
+		}
+	}
 	if pr.State == "Z" || pr.State == "X" {
 		// A process is alive while any of its threads is.
 		pr.LeaderExited = fs.threadAlive(pid)
