@@ -46,6 +46,9 @@ var (
 	holderDesc  = gpuDesc("holder_info", "A live process holding the GPU's device node that is a suspect, with the reason; value 1.",
 		"pid", "pgid", "sid", "ppid", "comm", "user", "container", "pod", "reason")
 
+	deadOwnerDesc = gpuDesc("dead_owner_info", "A PID that NVML lists as an owner on the GPU but that is dead, with who it was while it lived (empty when this exporter never saw it alive: it started after the owner died); value 1.",
+		"pid", "comm", "user", "slurm_job", "pod_uid", "container_id")
+
 	pidsVisibleDesc = nodeDesc("host_pids_visible", "1 if NVML's PIDs are in this exporter's PID namespace, 0 if not (then no memory is called orphaned).")
 	sourceOKDesc    = nodeDesc("source_success", "1 if the source succeeded in the latest snapshot.", "source")
 	sourceDurDesc   = nodeDesc("source_duration_seconds", "How long the source took in the latest snapshot.", "source")
@@ -78,7 +81,7 @@ func NewCollector(loop Source, logger *slog.Logger) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuInfoDesc, readOKDesc, supportDesc, totalDesc, usedDesc, reservedDesc, freeDesc,
 		ownedLiveDesc, ownedDeadDesc, unattributedDesc, unownedDesc, ageDesc, suspectsDesc, processDesc, holderDesc,
-		pidsVisibleDesc, sourceOKDesc, sourceDurDesc, takenDesc, snapAgeDesc, thresholdDesc, unreadableDesc} {
+		deadOwnerDesc, pidsVisibleDesc, sourceOKDesc, sourceDurDesc, takenDesc, snapAgeDesc, thresholdDesc, unreadableDesc} {
 		ch <- d
 	}
 }
@@ -151,6 +154,13 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, g snapshot.GPU, take
 			comm = o.Process.Comm
 		}
 		gauge(processDesc, float64(o.UsedBytes), strconv.Itoa(int(o.PID)), comm, strconv.FormatBool(o.Alive))
+		if !o.Alive {
+			var who snapshot.Identity
+			if o.Identity != nil {
+				who = *o.Identity
+			}
+			gauge(deadOwnerDesc, 1, strconv.Itoa(int(o.PID)), who.Comm, who.User, who.SlurmJob, who.PodUID, who.ContainerID)
+		}
 	}
 	for _, h := range g.Suspects {
 		gauge(holderDesc, 1, strconv.Itoa(h.PID), strconv.Itoa(h.PGID), strconv.Itoa(h.SID), strconv.Itoa(h.PPID),

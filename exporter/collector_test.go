@@ -34,9 +34,12 @@ func forkOrphan() *snapshot.Snapshot {
 			{Name: "fdscan", Err: errors.New("boom"), Duration: 3 * time.Millisecond}},
 		GPUs: []snapshot.GPU{
 			{
-				Device:         gpu.Device{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", Minor: 0},
-				Memory:         gpu.Memory{Total: 143771 * gpu.MiB, Reserved: 615 * gpu.MiB, Used: 6762 * gpu.MiB, Free: (143771 - 615 - 6762) * gpu.MiB},
-				Owners:         []snapshot.Owner{{PID: 5000, UsedBytes: 6754 * gpu.MiB}},
+				Device: gpu.Device{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", Minor: 0},
+				Memory: gpu.Memory{Total: 143771 * gpu.MiB, Reserved: 615 * gpu.MiB, Used: 6762 * gpu.MiB, Free: (143771 - 615 - 6762) * gpu.MiB},
+				Owners: []snapshot.Owner{{PID: 5000, UsedBytes: 6754 * gpu.MiB, Identity: &snapshot.Identity{
+					PID: 5000, StartTime: 77, Comm: "python3", Cmdline: "python3 train.py", User: "alice", SlurmJob: "81234", SlurmStep: "0",
+					ContainerID: child.Container, PodUID: child.Pod,
+				}}},
 				OwnedDeadBytes: 6754 * gpu.MiB, UnattributedBytes: 8 * gpu.MiB, UnownedBytes: 6762 * gpu.MiB,
 				Scanned: true, HolderPIDs: []int{5001},
 				Suspects:     []snapshot.Holder{{Process: child, Reason: snapshot.ReasonInheritedFromDeadOwner}},

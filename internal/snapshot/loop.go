@@ -23,12 +23,14 @@ type Loop struct {
 	// suspectSince: when each suspect was first seen, per GPU, process
 	// (PID and start time, so a reused PID starts afresh) and reason.
 	suspectSince map[suspectKey]time.Time
-	ticked       chan struct{}
+	// owners remembers who each owner was, to name it once it is dead.
+	owners *ownerBook
+	ticked chan struct{}
 }
 
 // NewLoop returns a Loop; call Run to start it.
 func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
-	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, ticked: make(chan struct{})}
+	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, owners: newOwnerBook(0, 0), ticked: make(chan struct{})}
 }
 
 // Run takes snapshots until ctx ends.
@@ -92,6 +94,7 @@ func (l *Loop) age(s *Snapshot) {
 		}
 	}
 	l.ageSuspects(s)
+	l.owners.update(s)
 }
 
 type suspectKey struct {

@@ -70,6 +70,9 @@ type Owner struct {
 	// Unverified is set when the owner is alive but its descriptors could
 	// not be read: it is counted as the owner, unproven.
 	Unverified bool
+	// Identity, for a dead owner, is who it was, as a Loop saw it alive;
+	// nil when no snapshot of this process saw it (UnknownIdentity).
+	Identity *Identity
 }
 
 // Holder is a live process that holds a GPU's device node open and is a

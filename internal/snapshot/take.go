@@ -45,6 +45,8 @@ type Taker struct {
 	// queue behind it, and a read stuck past the deadline is abandoned.
 	mu       sync.Mutex
 	inflight *driverCall
+	// shielded is the latest scan's shielded PIDs, to log them once.
+	shielded []int
 }
 
 // driverCall is one driver Read, shared by every Take that arrives while
@@ -243,8 +245,12 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 	}
 	s.FDScanDenied += scan.Denied
 	s.FDScanShielded = scan.Shielded
-	if len(scan.Shielded) > 0 {
-		t.cfg.Logger.Debug("Descriptors shielded by a security policy even with CAP_SYS_PTRACE", "pids", scan.Shielded)
+	t.mu.Lock()
+	changed := !slices.Equal(t.shielded, scan.Shielded)
+	t.shielded = scan.Shielded
+	t.mu.Unlock()
+	if changed && len(scan.Shielded) > 0 {
+		t.cfg.Logger.Info("Descriptors shielded by a security policy even from CAP_SYS_PTRACE: these processes are not scanned", "pids", scan.Shielded)
 	}
 	jobs := t.liveJobs(s)
 	for dev, idxs := range want {

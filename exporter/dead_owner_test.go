@@ -1,0 +1,161 @@
+package exporter_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+)
+
+// Real cgroup hierarchies of this kind of machine: cgroup v2 mounted at
+// /sys/fs/cgroup/unified beside v1 controllers (a hybrid host).
+const (
+	cgroupV2      = "/sys/fs/cgroup/unified"
+	cgroupV1      = "/sys/fs/cgroup/freezer"
+	testPodUID    = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
+	testContainer = "3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c"
+)
+
+// intoCgroup moves pid into the cgroup rel (created) of the hierarchy
+// mounted at mount, as slurmd or the kubelet would place a job; it skips
+// the test where cgroups cannot be made. The cgroup is removed at cleanup.
+func intoCgroup(t *testing.T, mount, rel string, pid int) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("making cgroups needs root")
+	}
+	if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err != nil {
+		t.Skipf("no cgroup hierarchy at %s", mount)
+	}
+	dir := filepath.Join(mount, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Skipf("cannot make cgroup %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		// Move whatever is left back to the root, then remove leaf first.
+		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil {
+			for _, p := range strings.Fields(string(b)) {
+				os.WriteFile(filepath.Join(mount, "cgroup.procs"), []byte(p), 0)
+			}
+		}
+		for d := dir; d != mount && strings.HasPrefix(d, mount); d = filepath.Dir(d) {
+			os.Remove(d)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Skipf("cannot move %d into %s: %v", pid, dir, err)
+	}
+}
+
+// metricsURL starts an exporter on the node and returns its metrics URL.
+func metricsURL(t *testing.T, root string) string {
+	t.Helper()
+	return startExporter(t, root, "--collector.interval=200ms").url
+}
+
+// deadOwner waits for the exporter to list pid as a dead owner and returns
+// the series' labels.
+func deadOwner(t *testing.T, url string, pid int) map[string]string {
+	t.Helper()
+	labels := map[string]string{}
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("gpu_orphan_dead_owner_info for PID %d", pid), func() bool {
+		_, mfs := testenv.Scrape(t, url)
+		ms := testenv.Series(mfs, "gpu_orphan_dead_owner_info", map[string]string{"pid": strconv.Itoa(pid)})
+		if len(ms) != 1 {
+			return false
+		}
+		for _, l := range ms[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		return true
+	})
+	return labels
+}
+
+// waitOwned waits until the exporter has seen pid alive, owning memory.
+func waitOwned(t *testing.T, url string, pid int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the exporter to see the owner alive", func() bool {
+		_, mfs := testenv.Scrape(t, url)
+		return len(testenv.Series(mfs, "gpu_orphan_process_memory_bytes", map[string]string{"pid": strconv.Itoa(pid), "alive": "true"})) == 1
+	})
+}
+
+// TestDeadOwnerIdentity: a job runs under the cgroup that Slurm (v1 and v2)
+// or the kubelet gives it, and is killed with -9 while a forked worker
+// keeps its context. The exporter that saw it alive names it; one started
+// after it died says it does not know.
+func TestDeadOwnerIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name, mount, rel string
+		want             map[string]string
+	}{
+		{"slurm cgroup v2", cgroupV2, "system.slice/slurmstepd.scope/job_81234/step_0/user/task_0",
+			map[string]string{"slurm_job": "81234", "pod_uid": "", "container_id": ""}},
+		{"slurm cgroup v1", cgroupV1, "slurm/uid_0/job_4711/step_batch/task_0",
+			map[string]string{"slurm_job": "4711", "pod_uid": "", "container_id": ""}},
+		{"kubernetes", cgroupV2, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" +
+			strings.ReplaceAll(testPodUID, "-", "_") + ".slice/cri-containerd-" + testContainer + ".scope",
+			map[string]string{"slurm_job": "", "pod_uid": testPodUID, "container_id": testContainer}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testenv.SimNode(t, 2)
+			w := testenv.StartWorkload(t, root, 1, 1024, 1)
+			intoCgroup(t, tc.mount, tc.rel, w.PID)
+			url := metricsURL(t, root)
+			waitOwned(t, url, w.PID)
+			time.Sleep(300 * time.Millisecond) // a snapshot after the move
+			w.KillParent(t)
+
+			got := deadOwner(t, url, w.PID)
+			want := map[string]string{"comm": "gpu-orphan-sim", "user": "root", "gpu": "1"}
+			for k, v := range tc.want {
+				want[k] = v
+			}
+			for k, v := range want {
+				if got[k] != v {
+					t.Errorf("dead owner label %s = %q, want %q (all: %v)", k, got[k], v, got)
+				}
+			}
+
+			late := deadOwner(t, metricsURL(t, root), w.PID)
+			for _, k := range []string{"comm", "user", "slurm_job", "pod_uid", "container_id"} {
+				if late[k] != "" {
+					t.Errorf("an exporter started after the owner died guessed %s=%q", k, late[k])
+				}
+			}
+		})
+	}
+}
+
+// TestDeadOwnerPIDReused: the dead owner's PID is given to an unrelated
+// process; the dead owner keeps its own identity, and the newcomer is
+// never named as the owner.
+func TestDeadOwnerPIDReused(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	script := testenv.StartScript(t, fmt.Sprintf("%s run --root %s --gpu 1 --mib 1024 --children 1 & wait", testenv.Bin(t, "gpu-orphan-sim"), root))
+	w := script.Ready(t)
+	url := metricsURL(t, root)
+	waitOwned(t, url, w.PID)
+	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitGone(t, w.PID)
+	testenv.StartWithPID(t, w.PID, func() *exec.Cmd {
+		c := exec.Command("sleep", "300")
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		return c
+	})
+	time.Sleep(500 * time.Millisecond) // snapshots with the newcomer in place
+	got := deadOwner(t, url, w.PID)
+	if got["comm"] != "gpu-orphan-sim" {
+		t.Errorf("dead owner %d named %q, want the dead trainer gpu-orphan-sim, never the newcomer", w.PID, got["comm"])
+	}
+}
