@@ -109,9 +109,12 @@ func (t *Taker) Take(ctx context.Context, forceScan bool) *Snapshot {
 // read calls the driver under a deadline. The cgo call cannot be
 // interrupted, so a hung call is abandoned, and while it stays hung later
 // reads fail fast instead of piling up goroutines behind it.
+//
+// Every deadline runs from the call's start, the clock by which a later
+// caller judges it hung: a caller's deadline started before the call did
+// (before the lock) could expire while the call still looked young to the
+// next caller, which then joined it and timed out instead of failing fast.
 func (t *Taker) read(ctx context.Context) ([]gpu.Reading, error) {
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.DriverTimeout)
-	defer cancel()
 	t.mu.Lock()
 	c := t.inflight
 	if c != nil && time.Since(c.started) >= t.cfg.DriverTimeout {
@@ -124,7 +127,7 @@ func (t *Taker) read(ctx context.Context) ([]gpu.Reading, error) {
 		go func() {
 			// The driver gets its own deadline: a caller that gives up
 			// must not cut short the read that others share.
-			readCtx, cancel := context.WithTimeout(context.Background(), t.cfg.DriverTimeout)
+			readCtx, cancel := context.WithDeadline(context.Background(), c.started.Add(t.cfg.DriverTimeout))
 			defer cancel()
 			c.readings, c.err = t.cfg.Driver.Read(readCtx)
 			t.mu.Lock()
@@ -134,6 +137,11 @@ func (t *Taker) read(ctx context.Context) ([]gpu.Reading, error) {
 		}()
 	}
 	t.mu.Unlock()
+	// Wait no longer than the call may run: by the time this deadline
+	// expires (c.started keeps its monotonic reading), the call counts as
+	// hung for every later caller.
+	ctx, cancel := context.WithDeadline(ctx, c.started.Add(t.cfg.DriverTimeout))
+	defer cancel()
 	select {
 	case <-c.done:
 		if c.err != nil {

@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -422,7 +424,12 @@ func (h hungDriver) Read(ctx context.Context) ([]gpu.Reading, error) {
 	return nil, errors.New("released")
 }
 
+// TestTakeDriverDeadline runs under CPU load: a caller preempted between
+// starting its clock and starting the driver call once made the next caller
+// wait on the hung call and time out instead of failing fast. Prove a fix
+// with go test -run TestTakeDriverDeadline -count=200 ./internal/snapshot/.
 func TestTakeDriverDeadline(t *testing.T) {
+	busyCPUs(t)
 	h := hungDriver{Driver: newDriver(t, gpu0{}), release: make(chan struct{})}
 	defer close(h.release)
 	taker := NewTaker(Config{Driver: h, Proc: procFS(t), DriverTimeout: 50 * time.Millisecond})
@@ -438,6 +445,44 @@ func TestTakeDriverDeadline(t *testing.T) {
 	if len(s.GPUs) != 0 {
 		t.Errorf("a failed read must report no GPUs")
 	}
+}
+
+// busyCPUs loads the machine as stress(1) would until the test ends: twice
+// as many spinning goroutines as Ps, so that the scheduler preempts the
+// test's goroutines at any point, and as many spinning processes as CPUs,
+// so that the kernel takes the Ps' threads off their CPUs too.
+func busyCPUs(t *testing.T) {
+	t.Helper()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 * runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		})
+	}
+	var spinners []*exec.Cmd
+	for range runtime.NumCPU() {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		spinners = append(spinners, cmd)
+	}
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+		for _, cmd := range spinners {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
 }
 
 func TestLoopAge(t *testing.T) {
