@@ -2,9 +2,13 @@
 # Runs every Go fuzz target for a bounded time (FUZZTIME each, default 5s):
 # the webhook payload parser, the /proc parsers and the simulated driver's
 # state files. `make test` runs it; `FUZZTIME=5m make fuzz` digs deeper.
+# Each target's output goes to RUN_DIR/fuzz/PACKAGE.TARGET.log (RUN_DIR is
+# .run by default), and is printed when the target fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-5s}
+logdir=${RUN_DIR:-.run}/fuzz
+mkdir -p "$logdir"
 # Minimising each new input may take up to a minute by default; a stall
 # there outlasts a short -fuzztime and fails with "context deadline
 # exceeded". A bounded minimisation keeps short runs honest.
@@ -13,6 +17,7 @@ grep -rl --include='*_test.go' '^func Fuzz' . | while read -r file; do
   pkg=./$(dirname "${file#./}")
   for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | sed 's/^func //'); do
     echo "fuzz: $pkg $target for $fuzztime"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" "$pkg" >/tmp/gpu-orphan-fuzz.log 2>&1 || { cat /tmp/gpu-orphan-fuzz.log; exit 1; }
+    log=$logdir/$(echo "${pkg#./}" | tr / .).$target.log
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" "$pkg" >"$log" 2>&1 || { cat "$log"; exit 1; }
   done
 done

@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -50,12 +51,39 @@ func build(name string) error {
 			return err
 		}
 	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "./cmd/"+name)
+	cmd := exec.Command("go", buildArgs(name, filepath.Join(binDir, name))...)
 	cmd.Dir = root
+	cmd.Env = buildEnv(os.Environ())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, out)
 	}
 	return nil
+}
+
+// buildArgs are the arguments of go for building cmd/name into out: with
+// -race when the tests run with -race, so that the daemons they start are
+// checked for data races too.
+func buildArgs(name, out string) []string {
+	args := []string{"build"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	return append(args, "-o", out, "./cmd/"+name)
+}
+
+// cgoCFlags is the Makefile's CGO_CFLAGS: go env's default (-O2 -g) without
+// the 29 -Wdeprecated-declarations warnings of go-nvml's cgo.
+const cgoCFlags = "-O2 -g -Wno-deprecated-declarations"
+
+// buildEnv is env with CGO_CFLAGS set as the Makefile sets it, unless it is
+// set already (`make test` exports it).
+func buildEnv(env []string) []string {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "CGO_CFLAGS=") {
+			return env
+		}
+	}
+	return append(env, "CGO_CFLAGS="+cgoCFlags)
 }
 
 // Main runs a package's tests and then removes the binaries Bin built.
@@ -186,7 +214,8 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 }
 
 // Daemon starts a long-running binary, logging to a file kept for failed
-// tests, and stops it with SIGTERM at cleanup.
+// tests, and stops it with SIGTERM at cleanup. A data race that a -race
+// build reports in the log fails the test.
 func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
@@ -210,8 +239,11 @@ func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
 			<-done
 		}
 		logf.Close()
+		b, _ := os.ReadFile(logPath)
+		if bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+			t.Errorf("%s (built with -race) found a data race", filepath.Base(bin))
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
 			t.Logf("%s log:\n%s", filepath.Base(bin), b)
 		}
 	})
