@@ -12,6 +12,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
 	"golang.org/x/sys/unix"
 
@@ -51,6 +52,11 @@ func run() int {
 	app := kingpin.New("gpu-orphan-sim", help)
 	app.Version(version.Print("gpu-orphan-sim"))
 	app.HelpFlag.Short('h')
+	logConfig := &promslog.Config{Level: promslog.NewLevel(), Format: promslog.NewFormat()}
+	app.Flag(promslogflag.LevelFlagName, promslogflag.LevelFlagHelp).Default("info").
+		HintOptions(promslog.LevelFlagOptions...).SetValue(logConfig.Level)
+	app.Flag(promslogflag.FormatFlagName, promslogflag.FormatFlagHelp).Default("logfmt").
+		HintOptions(promslog.FormatFlagOptions...).SetValue(logConfig.Format)
 
 	initCmd := app.Command("init", "Create a node: DIR/node.json, one device node per GPU in DIR/dev, and DIR/contexts.")
 	initRoot := initCmd.Flag("root", "Directory of the node.").PlaceHolder("DIR").Required().String()
@@ -102,7 +108,7 @@ func run() int {
 			Children:      *runChildren,
 			IgnoreSIGTERM: *runIgnore,
 			AllVisible:    *runVisible == visibleAll,
-			Logger:        promslog.New(&promslog.Config{}),
+			Logger:        promslog.New(logConfig),
 		}, zombieLeader)
 	case childCmd.FullCommand():
 		err = sim.RunChild(sim.ChildConfig{IgnoreSIGTERM: *childIgnore, OtherDevices: *childOthers})
