@@ -269,7 +269,7 @@ func TestLoop(t *testing.T) {
 		}
 		if len(as) == 1 {
 			act = as[0]
-			return true, act.State
+			return true, string(act.State)
 		}
 		return false, "no action"
 	}
@@ -286,7 +286,7 @@ func TestLoop(t *testing.T) {
 	// memory was verified back.
 	waitFor(t, 25*time.Second, "the action to finish", alive, func() (bool, string) {
 		findAction()
-		return act.State != remediate.StateQueued && act.State != remediate.StateRunning, act.State + " " + act.Reason
+		return act.State != remediate.StateQueued && act.State != remediate.StateRunning, string(act.State) + " " + act.Reason
 	})
 	if act.State != remediate.StateSucceeded {
 		t.Fatalf("action %s finished %s: %s (next step %q, leftover %+v)", act.ID, act.State, act.Reason, act.NextStep, act.Leftover)

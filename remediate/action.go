@@ -12,24 +12,32 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 )
 
-// Action states, as GET /api/v1/actions reports them. These names are a
-// contract with outside tooling.
+// State is where an action stands, as GET /api/v1/actions reports it.
+type State string
+
+// Action states. These names are a contract with outside tooling.
 const (
-	StateQueued      = "queued"
-	StateRunning     = "running"
-	StateDryRun      = "dry_run"
-	StateSucceeded   = "succeeded"
-	StateFailed      = "failed"
-	StateSkipped     = "skipped"
-	StateInterrupted = "interrupted"
+	StateQueued      State = "queued"
+	StateRunning     State = "running"
+	StateDryRun      State = "dry_run"
+	StateSucceeded   State = "succeeded"
+	StateFailed      State = "failed"
+	StateSkipped     State = "skipped"
+	StateInterrupted State = "interrupted"
 )
 
-// Policies: which holders a cleanup may target.
+// Policy says which holders a cleanup may target.
+type Policy string
+
+// Policies, as --remediate.policy names them.
 const (
-	PolicyDeadOwner  = "dead-owner"
-	PolicyOrphaned   = "orphaned"
-	PolicyAllHolders = "all-holders"
+	PolicyDeadOwner  Policy = "dead-owner"
+	PolicyOrphaned   Policy = "orphaned"
+	PolicyAllHolders Policy = "all-holders"
 )
+
+// Policies lists every policy, the default first.
+var Policies = []Policy{PolicyDeadOwner, PolicyOrphaned, PolicyAllHolders}
 
 // Action is one remediation of one GPU, from the alert that triggered it to
 // the verification of its result. It is what the store keeps and what
@@ -39,8 +47,8 @@ type Action struct {
 	Node     string `json:"node"`
 	GPUUUID  string `json:"gpu_uuid"`
 	GPUIndex int    `json:"gpu_index"`
-	Policy   string `json:"policy"`
-	State    string `json:"state"`
+	Policy   Policy `json:"policy"`
+	State    State  `json:"state"`
 	// Reason says why an action was skipped or failed.
 	Reason string `json:"reason,omitempty"`
 	// DryRun is true when the remediator ran without --act.

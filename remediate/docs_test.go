@@ -14,7 +14,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	m.Requests.WithLabelValues("200")
-	m.LastAction.WithLabelValues(StateSucceeded)
+	m.LastAction.WithLabelValues(string(StateSucceeded))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

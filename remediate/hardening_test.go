@@ -383,7 +383,7 @@ func TestLoadIntakeBurst(t *testing.T) {
 	for _, a := range as {
 		k := alertKey{a.AlertFingerprint, a.AlertStartsAt.UTC()}
 		perKey[k]++
-		states[kind[k]+"/"+a.State]++
+		states[kind[k]+"/"+string(a.State)]++
 		if actionOf[k] != a.ID {
 			t.Errorf("action %s for key %s (%s), the intake named %q", a.ID, k, kind[k], actionOf[k])
 		}
@@ -545,7 +545,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	// Follow the dispatcher's own records until every alert's fate is final.
 	history := map[string][]seen{}
 	healthyDoneFirst := false
-	final := func(s string) bool { return s != remediate.StateQueued && s != remediate.StateRunning }
+	final := func(s remediate.State) bool { return s != remediate.StateQueued && s != remediate.StateRunning }
 	testenv.Eventually(t, 60*time.Second, "every forward to finish", func() bool {
 		as := actions(t, dispatcher)
 		byNode := map[string]remediate.Action{}
@@ -636,11 +636,14 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 }
 
 // seen is one state of an action's record, as a poll saw it.
-type seen struct{ state, reason string }
+type seen struct {
+	state  remediate.State
+	reason string
+}
 
 // checkHistory: a record went through a retry whose reason names why, and
 // ended in the final state.
-func checkHistory(t *testing.T, node string, h []seen, why, final string) {
+func checkHistory(t *testing.T, node string, h []seen, why string, final remediate.State) {
 	t.Helper()
 	retried := slices.ContainsFunc(h, func(s seen) bool {
 		return s.state == remediate.StateQueued && strings.HasPrefix(s.reason, "retrying: ") && strings.Contains(s.reason, why)

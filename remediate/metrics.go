@@ -51,8 +51,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
 		m.Notifications.WithLabelValues(r)
 	}
-	for _, s := range []string{StateDryRun, StateSucceeded, StateFailed, StateSkipped, StateInterrupted} {
-		m.Actions.WithLabelValues(s)
+	for _, s := range []State{StateDryRun, StateSucceeded, StateFailed, StateSkipped, StateInterrupted} {
+		m.Actions.WithLabelValues(string(s))
 	}
 	for _, s := range []string{"SIGTERM", "SIGKILL"} {
 		m.Signals.WithLabelValues(s)

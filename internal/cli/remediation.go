@@ -35,7 +35,7 @@ func addRemediationFlags(a flagger, prefix, minAge string) *Remediation {
 	return &Remediation{
 		Act: a.Flag("act", "Really signal the targets. Without it, only the plan is made and reported (dry run).").Bool(),
 		Policy: a.Flag(prefix+"policy", "Which holders to target: dead-owner (holders of contexts whose creator is dead), orphaned (also processes reparented after their session leader died; they may own live memory), all-holders (every holder of the GPU's device node, live owners included, as blunt scripts do).").
-			Default(remediate.PolicyDeadOwner).Enum(remediate.PolicyDeadOwner, remediate.PolicyOrphaned, remediate.PolicyAllHolders),
+			Default(string(remediate.PolicyDeadOwner)).Enum(string(remediate.PolicyDeadOwner), string(remediate.PolicyOrphaned), string(remediate.PolicyAllHolders)),
 		MinAge: a.Flag(prefix+"min-age", "How long memory must have had no live owner before anything is killed.").Default(minAge).Duration(),
 		MinBytes: a.Flag(prefix+"min-bytes", "Memory with no live owner at or below this is not a problem (NVML charges about 8 MiB per live context to no process).").
 			Default("268435456").Uint64(),
@@ -48,7 +48,7 @@ func addRemediationFlags(a flagger, prefix, minAge string) *Remediation {
 // DecideConfig turns the flags into the decision's configuration.
 func (r *Remediation) DecideConfig() decide.Config {
 	return decide.Config{
-		Policy:    *r.Policy,
+		Policy:    remediate.Policy(*r.Policy),
 		MinAge:    *r.MinAge,
 		MinBytes:  *r.MinBytes,
 		Protected: append(slices.Clone(decide.DefaultProtected), *r.Protected...),

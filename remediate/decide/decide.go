@@ -75,8 +75,8 @@ func CurrentSelf() Self {
 
 // Config is what a decision needs besides the snapshot.
 type Config struct {
-	// Policy is one of remediate.Policy*; empty means dead-owner.
-	Policy string
+	// Policy is one of remediate.Policies; empty means dead-owner.
+	Policy remediate.Policy
 	// MinAge is how long memory must have had no live owner
 	// (GPU.UnownedSince) before anything is done about it.
 	MinAge time.Duration
@@ -139,7 +139,7 @@ func (c Config) Excludes(p proc.Process) string {
 type Plan struct {
 	GPUUUID  string
 	GPUIndex int
-	Policy   string
+	Policy   remediate.Policy
 	// Act is true when there are targets and every precondition held.
 	Act bool
 	// SkipReason says why not, when !Act.
@@ -204,7 +204,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	switch cfg.Policy {
 	case remediate.PolicyDeadOwner, remediate.PolicyOrphaned, remediate.PolicyAllHolders:
 	default:
-		return skip(SkipUnknownPolicy + ": " + cfg.Policy)
+		return skip(SkipUnknownPolicy + ": " + string(cfg.Policy))
 	}
 
 	problem := ""
@@ -291,7 +291,7 @@ type candidate struct {
 // candidates lists, in order, who policy would target on g. deadOwner says
 // whether the dead-owner problem holds; ripe are the orphaned owners old
 // and big enough for the orphaned policy.
-func candidates(g snapshot.GPU, policy string, deadOwner bool, ripe map[int]bool) []candidate {
+func candidates(g snapshot.GPU, policy remediate.Policy, deadOwner bool, ripe map[int]bool) []candidate {
 	var out []candidate
 	for _, h := range g.Suspects {
 		switch {
@@ -323,7 +323,7 @@ func candidates(g snapshot.GPU, policy string, deadOwner bool, ripe map[int]bool
 
 // ownsByPolicy reports whether the policy targets a process by name even
 // though it owns live memory.
-func ownsByPolicy(policy, reason string) bool {
+func ownsByPolicy(policy remediate.Policy, reason string) bool {
 	switch policy {
 	case remediate.PolicyAllHolders:
 		return true

@@ -22,7 +22,7 @@ var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // session of a shell (8999).
 var self = Self{PID: 9000, PGID: 9000, SID: 8999}
 
-func baseConfig(policy string) Config {
+func baseConfig(policy remediate.Policy) Config {
 	return Config{Policy: policy, MinAge: time.Minute, MinBytes: 256 * mib, Self: self}
 }
 

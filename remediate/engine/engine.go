@@ -65,7 +65,7 @@ func (e *Engine) Recover(ctx context.Context) error {
 		return err
 	}
 	for _, a := range interrupted {
-		e.metrics.Actions.WithLabelValues(remediate.StateInterrupted).Inc()
+		e.metrics.Actions.WithLabelValues(string(remediate.StateInterrupted)).Inc()
 		e.logger.Warn("Action was interrupted by a restart; it will not be repeated", "action", a.ID, "gpu", a.GPUUUID, "node", a.Node)
 	}
 	return nil
@@ -206,8 +206,8 @@ func (e *Engine) process(ctx context.Context, id string) time.Duration {
 	if err := e.store.Update(ctx, result); err != nil {
 		e.logger.Error("Recording an action's result failed", "action", id, "err", err)
 	}
-	e.metrics.Actions.WithLabelValues(result.State).Inc()
-	e.metrics.LastAction.WithLabelValues(result.State).Set(float64(result.FinishedAt.UnixNano()) / 1e9)
+	e.metrics.Actions.WithLabelValues(string(result.State)).Inc()
+	e.metrics.LastAction.WithLabelValues(string(result.State)).Set(float64(result.FinishedAt.UnixNano()) / 1e9)
 	e.logger.Info("Action finished", "action", result.ID, "node", result.Node, "gpu", result.GPUUUID,
 		"state", result.State, "reason", result.Reason, "freed_mib", result.FreedBytes>>20, "targets", len(result.Targets))
 	return 0

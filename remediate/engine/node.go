@@ -317,7 +317,7 @@ func leftoverSummary(ls []remediate.Leftover) string {
 	return b.String()
 }
 
-func hasOrphaned(g snapshot.GPU, policy string) bool {
+func hasOrphaned(g snapshot.GPU, policy remediate.Policy) bool {
 	if policy != remediate.PolicyOrphaned {
 		return false
 	}

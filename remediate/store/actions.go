@@ -255,7 +255,7 @@ type Filter struct {
 	GPU string
 	// Since is inclusive and Until exclusive, on StartedAt.
 	Since, Until time.Time
-	State        string
+	State        remediate.State
 	// Limit defaults to DefaultLimit and is capped at MaxLimit.
 	Limit int
 }

@@ -410,7 +410,7 @@ func TestActionsFilter(t *testing.T) {
 	type spec struct {
 		node, uuid string
 		index      int
-		state      string
+		state      remediate.State
 		at         time.Duration
 	}
 	specs := []spec{
