@@ -133,10 +133,20 @@ func NewProcessInfo(p proc.Process) ProcessInfo {
 	}
 }
 
+// TargetReason says why a process is a target. The snapshot's suspect
+// reasons are target reasons too.
+type TargetReason string
+
+// Target reasons that come from the snapshot's suspects.
+const (
+	ReasonInheritedFromDeadOwner TargetReason = snapshot.ReasonInheritedFromDeadOwner
+	ReasonOrphaned               TargetReason = snapshot.ReasonOrphaned
+)
+
 // Target is one process the plan signals, with why, and what happened.
 type Target struct {
 	ProcessInfo
-	Reason string `json:"reason"`
+	Reason TargetReason `json:"reason"`
 	// WholeGroup is true when the target's whole process group is killed
 	// (every member is a suspect or holds no GPU).
 	WholeGroup bool `json:"whole_group"`
@@ -148,10 +158,13 @@ type Target struct {
 	Error   string   `json:"error,omitempty"`
 }
 
+// ExclusionReason says why a process is left alone.
+type ExclusionReason string
+
 // Exclusion is a holder the plan deliberately leaves alone, and why.
 type Exclusion struct {
 	ProcessInfo
-	Why string `json:"why"`
+	Why ExclusionReason `json:"why"`
 }
 
 // Leftover is what still holds the memory after a failed cleanup.

@@ -340,7 +340,7 @@ func TestSafetyAllHoldersSparesOthers(t *testing.T) {
 	wantAlive(t, "a worker of the healthy job", healthy.Children...)
 	wantAlive(t, "the NVML-only monitor", monitor)
 	wantUsedMiB(t, root, 1, 0)
-	why := map[int]string{}
+	why := map[int]remediate.ExclusionReason{}
 	for _, e := range a.Excluded {
 		why[e.PID] = e.Why
 	}

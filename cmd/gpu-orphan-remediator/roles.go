@@ -13,7 +13,6 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
-	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
@@ -71,7 +70,7 @@ func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, 
 		Loop: loop, Proc: fs,
 		Decide: decideCfg,
 		Ladder: &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger,
-			Groups: decide.ProcGroups{FS: fs}, Exclude: decideCfg.Excludes},
+			Groups: fs, Exclude: decideCfg.Rules().Why},
 		Limiter: limiter, Act: *f.remediation.Act, VerifyTimeout: *f.remediation.VerifyTimeout,
 		Recorder: st, Metrics: m, Logger: logger,
 	})

@@ -48,7 +48,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 	cfg := r.DecideConfig()
 	node := engine.NewNode(engine.NodeConfig{
 		Loop: snapshot.NewLoop(opened.Taker, time.Hour, cfg.MinBytes), Proc: fs, Decide: cfg,
-		Ladder:        &kill.Ladder{Grace: *r.Grace, Proc: fs, Logger: logger, Groups: decide.ProcGroups{FS: fs}, Exclude: cfg.Excludes},
+		Ladder:        &kill.Ladder{Grace: *r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
 		Act:           *r.Act,
 		VerifyTimeout: *r.VerifyTimeout,
 		Recorder:      recorder,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
 // Remediation holds the flags that decide and act, shared by the
@@ -51,7 +52,7 @@ func (r *Remediation) DecideConfig() decide.Config {
 		Policy:    remediate.Policy(*r.Policy),
 		MinAge:    *r.MinAge,
 		MinBytes:  *r.MinBytes,
-		Protected: append(slices.Clone(decide.DefaultProtected), *r.Protected...),
-		Self:      decide.CurrentSelf(),
+		Protected: append(slices.Clone(exclude.DefaultProtected), *r.Protected...),
+		Self:      exclude.CurrentSelf(),
 	}
 }

@@ -8,11 +8,10 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
 // Why a plan does not act. Reasons with a detail read "reason: detail".
@@ -29,49 +28,27 @@ const (
 	SkipNoTargets             = "no_targets"
 )
 
-// Why a process is left alone (remediate.Exclusion.Why).
+// Why a process is left alone (remediate.Exclusion.Why), by the rules that
+// need the snapshot; package exclude has the rules that do not.
 const (
-	WhyPID1            = "pid_1"
-	WhyKernelThread    = "kernel_thread"
-	WhyIdentityUnknown = "identity_unknown"
-	WhySelf            = "self"
-	WhyOwnGroup        = "own_process_group"
-	WhyOwnSession      = "own_session"
-	WhyZombie          = "zombie"
-	WhyProtected       = "protected"
-	WhyOwnsLiveMemory  = "owns_live_memory"
+	WhyOwnsLiveMemory remediate.ExclusionReason = "owns_live_memory"
 	// WhyLiveJobElsewhere: the process, or an ancestor, owns live memory on
 	// another GPU: it is part of a healthy job there.
-	WhyLiveJobElsewhere = "live_job_on_another_gpu"
+	WhyLiveJobElsewhere remediate.ExclusionReason = "live_job_on_another_gpu"
 	// WhyNotMapped: it holds the device node open without mapping it, as
 	// NVML-only readers (nvidia-smi, DCGM, exporters) do.
-	WhyNotMapped = "nvml_reader_not_mapped"
+	WhyNotMapped remediate.ExclusionReason = "nvml_reader_not_mapped"
 )
 
 // Target reasons that this package adds to the snapshot's suspect reasons.
 const (
 	// ReasonGroupMember: a member of a process group killed whole that
 	// holds no GPU itself.
-	ReasonGroupMember = "process_group_member"
+	ReasonGroupMember remediate.TargetReason = "process_group_member"
 	// ReasonDeviceHolder: under all-holders, a holder of the device node
 	// that is not a suspect (a live owner, for instance).
-	ReasonDeviceHolder = "device_holder"
+	ReasonDeviceHolder remediate.TargetReason = "device_holder"
 )
-
-// Self is the remediator's own identity; the plan never includes it, its
-// process group or its session.
-type Self struct {
-	PID, PGID, SID int
-}
-
-// CurrentSelf returns the identity of the calling process.
-func CurrentSelf() Self {
-	sid, err := unix.Getsid(0)
-	if err != nil {
-		sid = 0
-	}
-	return Self{PID: unix.Getpid(), PGID: unix.Getpgrp(), SID: sid}
-}
 
 // Config is what a decision needs besides the snapshot.
 type Config struct {
@@ -83,56 +60,28 @@ type Config struct {
 	// MinBytes: memory with no live owner must exceed it. NVML charges about
 	// 8 MiB per live context to no process, so it must not be zero.
 	MinBytes uint64
-	// Protected are comm patterns never touched; nil means DefaultProtected.
-	// To protect nothing beyond the fixed rules, pass an empty, non-nil slice.
+	// Protected are comm patterns never touched; nil means
+	// exclude.DefaultProtected. To protect nothing beyond the fixed rules,
+	// pass an empty, non-nil slice.
 	Protected []string
 	// Self is the remediator; the zero value means the calling process.
-	Self Self
+	Self exclude.Self
 }
 
 func (c Config) withDefaults() Config {
 	if c.Policy == "" {
 		c.Policy = remediate.PolicyDeadOwner
 	}
-	if c.Protected == nil {
-		c.Protected = DefaultProtected
-	}
-	if c.Self == (Self{}) {
-		c.Self = CurrentSelf()
-	}
+	r := c.Rules().WithDefaults()
+	c.Protected, c.Self = r.Protected, r.Self
 	return c
 }
 
-// Excludes reports why p must never be signalled, by the rules that need
-// no snapshot: PID 1, kernel threads, an unknown identity, the remediator
-// itself, its process group and session, zombies, and the protected list.
-// It returns "" when none applies. Package kill uses it for group members
-// forked after the plan.
-func (c Config) Excludes(p proc.Process) string {
-	c = c.withDefaults()
-	switch {
-	case p.PID == 1:
-		return WhyPID1
-	case p.PID == 2 || p.PPID == 2 || (p.PPID == 0 && p.Cmdline == "" && p.StartTime != 0):
-		// kthreadd and its children; kernel threads have no cmdline.
-		return WhyKernelThread
-	case p.PID <= 0 || p.StartTime == 0:
-		// proc.FS.Alive returns only the PID when /proc could not tell:
-		// without a start time the kill ladder cannot check identity.
-		return WhyIdentityUnknown
-	case p.PID == c.Self.PID:
-		return WhySelf
-	case c.Self.PGID > 0 && p.PGID == c.Self.PGID:
-		return WhyOwnGroup
-	case c.Self.SID > 0 && p.SID == c.Self.SID:
-		return WhyOwnSession
-	case p.Zombie():
-		return WhyZombie
-	}
-	if _, ok := protected(p.Comm, c.Protected); ok {
-		return WhyProtected
-	}
-	return ""
+// Rules are the never-touch rules that need no snapshot, under this
+// configuration. Package kill applies them to group members forked after
+// the plan.
+func (c Config) Rules() exclude.Rules {
+	return exclude.Rules{Protected: c.Protected, Self: c.Self}
 }
 
 // Plan is what to do about one GPU.
@@ -247,7 +196,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 		}
 		why := c.why
 		if why == "" {
-			why = cfg.Excludes(c.Process)
+			why = cfg.Rules().Why(c.Process)
 		}
 		if why == "" && w.liveOwner[c.PID] && !ownsByPolicy(cfg.Policy, c.reason) {
 			why = WhyOwnsLiveMemory
@@ -284,8 +233,8 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 // rules; why is set when it is excluded already.
 type candidate struct {
 	proc.Process
-	reason string
-	why    string
+	reason remediate.TargetReason
+	why    remediate.ExclusionReason
 }
 
 // candidates lists, in order, who policy would target on g. deadOwner says
@@ -297,7 +246,7 @@ func candidates(g snapshot.GPU, policy remediate.Policy, deadOwner bool, ripe ma
 		switch {
 		case h.Reason == snapshot.ReasonInheritedFromDeadOwner && deadOwner && g.DeadOwnerListed(),
 			h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned && ripe[h.PID]:
-			out = append(out, candidate{Process: h.Process, reason: h.Reason})
+			out = append(out, candidate{Process: h.Process, reason: remediate.TargetReason(h.Reason)})
 		}
 	}
 	if policy != remediate.PolicyAllHolders || !deadOwner {
@@ -323,12 +272,12 @@ func candidates(g snapshot.GPU, policy remediate.Policy, deadOwner bool, ripe ma
 
 // ownsByPolicy reports whether the policy targets a process by name even
 // though it owns live memory.
-func ownsByPolicy(policy remediate.Policy, reason string) bool {
+func ownsByPolicy(policy remediate.Policy, reason remediate.TargetReason) bool {
 	switch policy {
 	case remediate.PolicyAllHolders:
 		return true
 	case remediate.PolicyOrphaned:
-		return reason == snapshot.ReasonOrphaned
+		return reason == remediate.ReasonOrphaned
 	}
 	return false
 }
@@ -409,7 +358,7 @@ func groupExtras(cfg Config, w world, groups GroupLister, targeted map[int]bool,
 		if m.PGID != pgid || targeted[m.PID] {
 			continue
 		}
-		if why := cfg.Excludes(m); why != "" {
+		if why := cfg.Rules().Why(m); why != "" {
 			return nil, fmt.Sprintf("member %d (%s) is %s", m.PID, m.Comm, why)
 		}
 		if w.liveOwner[m.PID] {

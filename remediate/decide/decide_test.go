@@ -12,6 +12,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
 const mib = gpu.MiB
@@ -20,7 +21,7 @@ var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 // self is the remediator in every case: PID 9000, its own group, in the
 // session of a shell (8999).
-var self = Self{PID: 9000, PGID: 9000, SID: 8999}
+var self = exclude.Self{PID: 9000, PGID: 9000, SID: 8999}
 
 func baseConfig(policy remediate.Policy) Config {
 	return Config{Policy: policy, MinAge: time.Minute, MinBytes: 256 * mib, Self: self}
@@ -169,10 +170,10 @@ func TestDecide(t *testing.T) {
 		groups GroupLister
 
 		wantSkip     string // prefix of SkipReason; "" means Act
-		wantTargets  map[int]string
+		wantTargets  map[int]remediate.TargetReason
 		wantWhole    []int
 		wantGroups   []int
-		wantExcluded map[int]string
+		wantExcluded map[int]remediate.ExclusionReason
 		wantNote     string
 	}{
 		{
@@ -181,7 +182,7 @@ func TestDecide(t *testing.T) {
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      forkOrphanGroups(worker1, worker2),
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantWhole:   []int{201, 202},
 			wantGroups:  []int{100},
 		},
@@ -191,9 +192,9 @@ func TestDecide(t *testing.T) {
 			gpu:    "GPU-a",
 			cfg:    Config{MinAge: time.Minute, MinBytes: 256 * mib, Self: self},
 			groups: forkOrphanGroups(worker1, worker2, helper),
-			wantTargets: map[int]string{
-				201: snapshot.ReasonInheritedFromDeadOwner,
-				202: snapshot.ReasonInheritedFromDeadOwner,
+			wantTargets: map[int]remediate.TargetReason{
+				201: remediate.ReasonInheritedFromDeadOwner,
+				202: remediate.ReasonInheritedFromDeadOwner,
 				203: ReasonGroupMember,
 			},
 			wantWhole:  []int{201, 202, 203},
@@ -206,10 +207,10 @@ func TestDecide(t *testing.T) {
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyDeadOwner),
 			groups:       forkOrphanGroups(worker1),
-			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
 			wantWhole:    []int{201},
 			wantGroups:   []int{100},
-			wantExcluded: map[int]string{300: WhyOwnsLiveMemory},
+			wantExcluded: map[int]remediate.ExclusionReason{300: WhyOwnsLiveMemory},
 		},
 		{
 			name: "a suspect that owns live memory on another GPU is left alone",
@@ -220,8 +221,8 @@ func TestDecide(t *testing.T) {
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyDeadOwner),
 			groups:       forkOrphanGroups(worker1, worker2),
-			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
-			wantExcluded: map[int]string{202: WhyOwnsLiveMemory},
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]remediate.ExclusionReason{202: WhyOwnsLiveMemory},
 			wantNote:     "member 202",
 		},
 		{
@@ -231,10 +232,10 @@ func TestDecide(t *testing.T) {
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyDeadOwner),
 			groups:       forkOrphanGroups(worker1),
-			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
 			wantWhole:    []int{201},
 			wantGroups:   []int{100},
-			wantExcluded: map[int]string{301: WhyProtected, 302: WhyProtected, 303: WhyProtected},
+			wantExcluded: map[int]remediate.ExclusionReason{301: exclude.WhyProtected, 302: exclude.WhyProtected, 303: exclude.WhyProtected},
 		},
 		{
 			name: "an innocent member holding another GPU keeps its group: suspects only",
@@ -245,7 +246,7 @@ func TestDecide(t *testing.T) {
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      forkOrphanGroups(worker1, worker2, stranger),
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantNote:    "member 204 (python3) holds a GPU",
 		},
 		{
@@ -258,7 +259,7 @@ func TestDecide(t *testing.T) {
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      forkOrphanGroups(worker1, worker2, helper),
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantNote:    "not every GPU's holders were scanned",
 		},
 		{
@@ -268,7 +269,7 @@ func TestDecide(t *testing.T) {
 			cfg:  baseConfig(remediate.PolicyDeadOwner),
 			groups: forkOrphanGroups(worker1, worker2,
 				proc.Process{PID: 205, PPID: 1, PGID: 100, SID: 50, StartTime: 1, Comm: "sshd", Cmdline: "sshd: alice"}),
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantNote:    "member 205 (sshd) is protected",
 		},
 		{
@@ -277,7 +278,7 @@ func TestDecide(t *testing.T) {
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      fakeGroups{err: errors.New("permission denied")},
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantNote:    "permission denied",
 		},
 		{
@@ -285,7 +286,7 @@ func TestDecide(t *testing.T) {
 			snap:        snap(forkOrphan()),
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
-			wantTargets: map[int]string{201: snapshot.ReasonInheritedFromDeadOwner, 202: snapshot.ReasonInheritedFromDeadOwner},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 		},
 		{
 			name: "self, own group and own session are excluded",
@@ -300,8 +301,8 @@ func TestDecide(t *testing.T) {
 			// 201's group holds a process of our session: never killed whole.
 			groups: forkOrphanGroups(worker1,
 				proc.Process{PID: 210, PPID: 1, PGID: 100, SID: 8999, StartTime: 9, Comm: "bash", Cmdline: "bash"}),
-			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
-			wantExcluded: map[int]string{9000: WhySelf, 9001: WhyOwnGroup, 9002: WhyOwnSession},
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]remediate.ExclusionReason{9000: exclude.WhySelf, 9001: exclude.WhyOwnGroup, 9002: exclude.WhyOwnSession},
 			wantNote:     "own_session",
 		},
 		{
@@ -315,7 +316,7 @@ func TestDecide(t *testing.T) {
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyDeadOwner),
 			wantSkip:     SkipNoTargets,
-			wantExcluded: map[int]string{1: WhyPID1, 2: WhyKernelThread, 33: WhyKernelThread, 34: WhyKernelThread},
+			wantExcluded: map[int]remediate.ExclusionReason{1: exclude.WhyPID1, 2: exclude.WhyKernelThread, 33: exclude.WhyKernelThread, 34: exclude.WhyKernelThread},
 		},
 		{
 			name: "a holder whose identity /proc could not tell is excluded",
@@ -323,8 +324,8 @@ func TestDecide(t *testing.T) {
 				inherited(worker1), inherited(proc.Process{PID: 222}))),
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyDeadOwner),
-			wantTargets:  map[int]string{201: snapshot.ReasonInheritedFromDeadOwner},
-			wantExcluded: map[int]string{222: WhyIdentityUnknown},
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]remediate.ExclusionReason{222: exclude.WhyIdentityUnknown},
 		},
 		{
 			name: "too young",
@@ -452,8 +453,8 @@ func TestDecide(t *testing.T) {
 			gpu:    "0",
 			cfg:    baseConfig(remediate.PolicyOrphaned),
 			groups: fakeGroups{groups: map[int][]proc.Process{390: {spawned, spawnAux}}},
-			wantTargets: map[int]string{
-				400: snapshot.ReasonOrphaned,
+			wantTargets: map[int]remediate.TargetReason{
+				400: remediate.ReasonOrphaned,
 				401: ReasonGroupMember,
 			},
 			wantWhole:  []int{400, 401},
@@ -467,10 +468,10 @@ func TestDecide(t *testing.T) {
 			),
 			gpu: "0",
 			cfg: baseConfig(remediate.PolicyOrphaned),
-			wantTargets: map[int]string{
-				201: snapshot.ReasonInheritedFromDeadOwner,
-				202: snapshot.ReasonInheritedFromDeadOwner,
-				400: snapshot.ReasonOrphaned,
+			wantTargets: map[int]remediate.TargetReason{
+				201: remediate.ReasonInheritedFromDeadOwner,
+				202: remediate.ReasonInheritedFromDeadOwner,
+				400: remediate.ReasonOrphaned,
 			},
 		},
 		{
@@ -483,7 +484,7 @@ func TestDecide(t *testing.T) {
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyOrphaned),
 			wantSkip:     SkipNoTargets,
-			wantExcluded: map[int]string{400: WhyProtected},
+			wantExcluded: map[int]remediate.ExclusionReason{400: exclude.WhyProtected},
 		},
 		{
 			name: "all-holders picks live owners but not protected ones",
@@ -497,15 +498,15 @@ func TestDecide(t *testing.T) {
 				groups: map[int][]proc.Process{100: {worker1}, 300: {other}, 310: {pr(310, 1, 310, "cuda_app")}},
 				procs:  map[int]proc.Process{310: pr(310, 1, 310, "cuda_app")},
 			},
-			wantTargets: map[int]string{
-				201: snapshot.ReasonInheritedFromDeadOwner,
+			wantTargets: map[int]remediate.TargetReason{
+				201: remediate.ReasonInheritedFromDeadOwner,
 				300: ReasonDeviceHolder,
 				310: ReasonDeviceHolder,
 			},
 			wantWhole:  []int{201, 300, 310},
 			wantGroups: []int{100, 300, 310},
 			// nvidia-smi holds the node without mapping it: an NVML reader.
-			wantExcluded: map[int]string{301: WhyNotMapped},
+			wantExcluded: map[int]remediate.ExclusionReason{301: WhyNotMapped},
 		},
 		{
 			name: "all-holders spares a live job on another GPU, and an NVML-only reader",
@@ -527,12 +528,12 @@ func TestDecide(t *testing.T) {
 			gpu:    "0",
 			cfg:    baseConfig(remediate.PolicyAllHolders),
 			groups: fakeGroups{groups: map[int][]proc.Process{100: {worker1}}},
-			wantTargets: map[int]string{
-				201: snapshot.ReasonInheritedFromDeadOwner,
+			wantTargets: map[int]remediate.TargetReason{
+				201: remediate.ReasonInheritedFromDeadOwner,
 			},
 			wantWhole:    []int{201},
 			wantGroups:   []int{100},
-			wantExcluded: map[int]string{300: WhyLiveJobElsewhere, 310: WhyLiveJobElsewhere, 320: WhyNotMapped},
+			wantExcluded: map[int]remediate.ExclusionReason{300: WhyLiveJobElsewhere, 310: WhyLiveJobElsewhere, 320: WhyNotMapped},
 		},
 		{
 			name: "orphaned policy: an orphan seen for less than min-age is too young",
@@ -565,9 +566,9 @@ func TestDecide(t *testing.T) {
 			// A job script (setsid) leads group 100: it ran the trainer
 			// and a tensorboard, and waits.
 			groups: forkOrphanGroups(pr(100, 1, 100, "bash"), worker1, worker2, helper),
-			wantTargets: map[int]string{
-				201: snapshot.ReasonInheritedFromDeadOwner,
-				202: snapshot.ReasonInheritedFromDeadOwner,
+			wantTargets: map[int]remediate.TargetReason{
+				201: remediate.ReasonInheritedFromDeadOwner,
+				202: remediate.ReasonInheritedFromDeadOwner,
 			},
 			wantNote: "its leader 100 (bash) is alive and not a target",
 		},
@@ -617,7 +618,7 @@ func TestDecide(t *testing.T) {
 			if !slices.Equal(p.Groups, tc.wantGroups) {
 				t.Errorf("Groups = %v, want %v", p.Groups, tc.wantGroups)
 			}
-			excl := map[int]string{}
+			excl := map[int]remediate.ExclusionReason{}
 			for _, e := range p.Excluded {
 				excl[e.PID] = e.Why
 			}
@@ -639,17 +640,17 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-func targetReasons(p Plan) map[int]string {
-	m := map[int]string{}
+func targetReasons(p Plan) map[int]remediate.TargetReason {
+	m := map[int]remediate.TargetReason{}
 	for _, t := range p.Targets {
 		m[t.PID] = t.Reason
 	}
 	return m
 }
 
-func nonNil(m map[int]string) map[int]string {
+func nonNil[V any](m map[int]V) map[int]V {
 	if m == nil {
-		return map[int]string{}
+		return map[int]V{}
 	}
 	return m
 }
@@ -673,74 +674,5 @@ func TestDecideEvidence(t *testing.T) {
 	tg := p.Targets[0]
 	if tg.PID != 201 || tg.StartTime != 100201 || tg.PGID != 100 || tg.Command != "pt_data_worker --job" || tg.User != "alice" {
 		t.Errorf("target identity: %+v", tg.ProcessInfo)
-	}
-}
-
-func TestExcludes(t *testing.T) {
-	cfg := Config{Self: self, Protected: []string{"sshd*", "nvidia-persistenced"}}
-	for _, tc := range []struct {
-		name string
-		p    proc.Process
-		want string
-	}{
-		{"ordinary", pr(201, 1, 100, "python3"), ""},
-		{"pid 1", proc.Process{PID: 1, StartTime: 1, Comm: "systemd", Cmdline: "/sbin/init"}, WhyPID1},
-		{"kthreadd", proc.Process{PID: 2, StartTime: 1, Comm: "kthreadd"}, WhyKernelThread},
-		{"kernel thread", proc.Process{PID: 77, PPID: 2, StartTime: 5, Comm: "kworker/0:1"}, WhyKernelThread},
-		{"unknown identity", proc.Process{PID: 77}, WhyIdentityUnknown},
-		{"self", proc.Process{PID: 9000, PPID: 1, PGID: 1, SID: 1, StartTime: 5, Cmdline: "x"}, WhySelf},
-		{"own group", proc.Process{PID: 9005, PPID: 1, PGID: 9000, SID: 1, StartTime: 5, Cmdline: "x"}, WhyOwnGroup},
-		{"own session", proc.Process{PID: 9005, PPID: 1, PGID: 9005, SID: 8999, StartTime: 5, Cmdline: "x"}, WhyOwnSession},
-		{"zombie", func() proc.Process { p := pr(201, 1, 100, "python3"); p.State = "Z"; return p }(), WhyZombie},
-		{"protected prefix", pr(201, 1, 100, "sshd-session"), WhyProtected},
-		{"protected, truncated", pr(201, 1, 100, "nvidia-persiste"), WhyProtected},
-		{"case-sensitive", pr(201, 1, 100, "SSHD"), ""},
-		{"default list not used when set", pr(201, 1, 100, "Xorg"), ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := cfg.Excludes(tc.p); got != tc.want {
-				t.Errorf("Excludes = %q, want %q", got, tc.want)
-			}
-		})
-	}
-	if got := (Config{Self: self}).Excludes(pr(201, 1, 100, "Xorg")); got != WhyProtected {
-		t.Errorf("nil Protected should mean DefaultProtected; Xorg got %q", got)
-	}
-}
-
-func TestMatchComm(t *testing.T) {
-	for _, tc := range []struct {
-		pattern, comm string
-		want          bool
-	}{
-		{"Xorg", "Xorg", true},
-		{"Xorg", "Xorg2", false},
-		{"Xorg", "xorg", false},
-		{"systemd*", "systemd", true},
-		{"systemd*", "systemd-journal", true},
-		{"systemd*", "system", false},
-		{"containerd*", "containerd-shim", true},
-		{"nvidia-persistenced", "nvidia-persiste", true},
-		{"nvidia-persistenced", "nvidia-persist", false},
-		{"gpu-orphan-expo*", "gpu-orphan-expo", true},
-		{"nvidia-cuda-mps-control-x*", "nvidia-cuda-mps", true},
-		{"", "", false},
-		{"*", "anything", true},
-	} {
-		if got := matchComm(tc.pattern, tc.comm); got != tc.want {
-			t.Errorf("matchComm(%q, %q) = %v, want %v", tc.pattern, tc.comm, got, tc.want)
-		}
-	}
-	for _, name := range []string{"nvidia-persistenced", "nv-hostengine", "dcgm", "dcgmi", "dcgm-exporter", "nvidia-smi", "Xorg",
-		"Xwayland", "gdm", "sshd", "kubelet", "containerd", "containerd-shim-runc-v2", "dockerd", "docker", "runc", "crio",
-		"conmon", "systemd", "systemd-journald", "init", "gpu-orphan", "gpu-orphan-remediator", "nvidia-cuda-mps-server"} {
-		comm := name[:min(len(name), commLen)]
-		if _, ok := protected(comm, DefaultProtected); !ok {
-			t.Errorf("%s (comm %q) is not protected by default", name, comm)
-		}
-	}
-	// The simulated trainer must stay cleanable.
-	if _, ok := protected("gpu-orphan-sim", DefaultProtected); ok {
-		t.Error("gpu-orphan-sim workloads are protected, so the simulation could never be cleaned")
 	}
 }

@@ -294,7 +294,7 @@ func (n *Node) otherHolders(a remediate.Action, g snapshot.GPU) []remediate.Left
 		detail := "holds the device node mapped and was not a target"
 		for _, e := range a.Excluded {
 			if e.PID == h.PID {
-				detail = "excluded: " + e.Why
+				detail = "excluded: " + string(e.Why)
 			}
 		}
 		out = append(out, remediate.Leftover{PID: h.PID, Kind: LeftoverOtherHolder, Detail: h.Comm + ": " + detail})
@@ -349,7 +349,7 @@ func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftove
 		why := "holds the device node and was not a target"
 		for _, e := range a.Excluded {
 			if e.PID == pid {
-				why = "excluded: " + e.Why
+				why = "excluded: " + string(e.Why)
 			}
 		}
 		out = append(out, remediate.Leftover{PID: pid, Kind: "protected", Detail: why})

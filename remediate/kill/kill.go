@@ -27,7 +27,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
-	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
 // Outcomes (remediate.Target.Outcome).
@@ -42,7 +42,7 @@ const (
 
 // ReasonLateGroupMember is the reason of a target the ladder added: a
 // member of a process group killed whole that appeared after the plan.
-const ReasonLateGroupMember = "process_group_member_late"
+const ReasonLateGroupMember remediate.TargetReason = "process_group_member_late"
 
 // Defaults for a zero Ladder.
 const (
@@ -52,6 +52,12 @@ const (
 
 // pollSlice bounds one poll, so that a cancelled context is noticed.
 const pollSlice = 100 * time.Millisecond
+
+// GroupLister lists the live processes of a process group, a zombie leader
+// whose other threads run among them; proc.FS does.
+type GroupLister interface {
+	GroupMembers(pgid int) ([]proc.Process, error)
+}
 
 // Ladder signals targets. The zero value is not usable: Proc must be set.
 type Ladder struct {
@@ -69,12 +75,12 @@ type Ladder struct {
 
 	// Groups, when set, re-lists the process group of each WholeGroup
 	// target once after SIGTERM reached it, so that members forked after
-	// the plan are killed too (decide.ProcGroups).
-	Groups decide.GroupLister
+	// the plan are killed too.
+	Groups GroupLister
 	// Exclude says why a late group member must not be touched, or "".
-	// Nil means decide.Config{}.Excludes: the fixed rules and the default
+	// Nil means exclude.Rules{}.Why: the fixed rules and the default
 	// protected list, with this process as self.
-	Exclude func(proc.Process) string
+	Exclude func(proc.Process) remediate.ExclusionReason
 }
 
 // run is one target on its way down the ladder.
@@ -321,10 +327,10 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 	}
 	// The fixed rules (PID 1, kernel threads, ourselves, our group and
 	// session) hold whatever Exclude says.
-	fixed := decide.Config{Protected: []string{}}.Excludes
-	exclude := l.Exclude
-	if exclude == nil {
-		exclude = decide.Config{}.Excludes
+	fixed := exclude.Rules{Protected: []string{}}.Why
+	excluded := l.Exclude
+	if excluded == nil {
+		excluded = exclude.Rules{}.Why
 	}
 	known := map[int]bool{}
 	var pgids []int
@@ -337,7 +343,7 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 	}
 	var late []remediate.Target
 	for _, pgid := range pgids {
-		members, err := l.Groups.Members(pgid)
+		members, err := l.Groups.GroupMembers(pgid)
 		if err != nil {
 			l.logger().Warn("re-listing a process group killed whole", "pgid", pgid, "err", err)
 			continue
@@ -355,7 +361,7 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 			known[m.PID] = true
 			why := fixed(m)
 			if why == "" {
-				why = exclude(m)
+				why = excluded(m)
 			}
 			if why != "" {
 				l.logger().Warn("late group member left alone", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "why", why)

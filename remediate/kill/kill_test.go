@@ -16,7 +16,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
-	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
 const grace = 300 * time.Millisecond
@@ -331,10 +331,10 @@ func TestLadderLateGroupMembers(t *testing.T) {
 	tg.WholeGroup = true
 	l := &Ladder{
 		Grace: grace, ExitTimeout: 2 * time.Second, Proc: fs,
-		Groups: decide.ProcGroups{FS: fs},
-		Exclude: func(p proc.Process) string {
+		Groups: fs,
+		Exclude: func(p proc.Process) remediate.ExclusionReason {
 			if p.PID == protectedPID {
-				return decide.WhyProtected
+				return exclude.WhyProtected
 			}
 			return ""
 		},
@@ -388,7 +388,7 @@ func TestLadderLateMembersLiveLeader(t *testing.T) {
 	t.Cleanup(func() { killIfAlive(sleeps[1]) })
 	tg := targetOf(t, fs, sleeps[0])
 	tg.WholeGroup = true
-	got := (&Ladder{Grace: grace, ExitTimeout: 2 * time.Second, Proc: fs, Groups: decide.ProcGroups{FS: fs}}).Kill(context.Background(), []remediate.Target{tg})
+	got := (&Ladder{Grace: grace, ExitTimeout: 2 * time.Second, Proc: fs, Groups: fs}).Kill(context.Background(), []remediate.Target{tg})
 	if len(got) != 1 || got[0].PID != sleeps[0] || got[0].Outcome != OutcomeExitedAfterSIGTERM {
 		t.Fatalf("got %+v, want only the planned target, exited after SIGTERM", got)
 	}
@@ -413,7 +413,7 @@ func TestLadderStaleGroup(t *testing.T) {
 	tg := targetOf(t, fs, leader.pid())
 	tg.WholeGroup = true
 	tg.StartTime++
-	got := (&Ladder{Grace: grace, Proc: fs, Groups: decide.ProcGroups{FS: fs}}).Kill(context.Background(), []remediate.Target{tg})
+	got := (&Ladder{Grace: grace, Proc: fs, Groups: fs}).Kill(context.Background(), []remediate.Target{tg})
 	if len(got) != 1 || got[0].Outcome != OutcomeIdentityChanged {
 		t.Fatalf("got %+v, want the one target, identity_changed", got)
 	}

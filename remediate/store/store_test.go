@@ -598,7 +598,7 @@ func TestFullStore(t *testing.T) {
 	if !isFull(err) {
 		t.Fatalf("RecordNotification on a full store: err = %v, want SQLITE_FULL", err)
 	}
-	if _, err := s.Insert(ctx, remediate.Action{Targets: []remediate.Target{{Reason: big}, {Reason: big}}}); !isFull(err) {
+	if _, err := s.Insert(ctx, remediate.Action{Targets: []remediate.Target{{Reason: remediate.TargetReason(big)}, {Reason: remediate.TargetReason(big)}}}); !isFull(err) {
 		t.Fatalf("Insert on a full store: err = %v, want SQLITE_FULL", err)
 	}
 
