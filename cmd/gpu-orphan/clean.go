@@ -57,7 +57,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 	plan := node.Plan(ctx, gpuID)
 	writePlan(w, plan, *r.Act)
 	if !plan.Act {
-		if plan.SkipReason == decide.SkipGPUNotFound || strings.HasPrefix(plan.SkipReason, decide.SkipSnapshotUnhealthy) {
+		if plan.SkipReason == decide.SkipGPUNotFound || plan.SkipReason == decide.SkipSnapshotUnhealthy {
 			return 1
 		}
 		return 0
@@ -97,7 +97,7 @@ func writePlan(w io.Writer, p decide.Plan, act bool) {
 	}
 	fmt.Fprintln(w)
 	if !p.Act {
-		fmt.Fprintf(w, "\nNothing to do: %s\n", p.SkipReason)
+		fmt.Fprintf(w, "\nNothing to do: %s\n", p.SkipText())
 	}
 	if len(p.Targets) > 0 {
 		verb := "Would signal"

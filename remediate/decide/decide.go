@@ -1,6 +1,8 @@
 // Package decide chooses, from one snapshot, which processes a cleanup of
-// one GPU may signal, and which it must leave alone. It signals nothing:
-// the plan goes to package kill.
+// one GPU may signal, and which it must leave alone. It is pure: a
+// snapshot, a configuration and what the caller listed of process groups
+// go in, a plan comes out; it reads nothing and signals nothing. The plan
+// goes to package kill.
 package decide
 
 import (
@@ -14,18 +16,27 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 )
 
-// Why a plan does not act. Reasons with a detail read "reason: detail".
+// SkipReason says why a plan does not act; Plan.SkipDetail adds the
+// particulars.
+type SkipReason string
+
+// Why a plan does not act.
 const (
-	SkipSnapshotUnhealthy     = "snapshot_unhealthy"
-	SkipGPUNotFound           = "gpu_not_found"
-	SkipGPUReadFailed         = "gpu_read_failed"
-	SkipAccountingUnsupported = "accounting_unsupported"
-	SkipUnknownPolicy         = "unknown_policy"
-	SkipBelowThreshold        = "below_threshold"
-	SkipTooYoung              = "too_young"
-	SkipNotScanned            = "holders_not_scanned"
-	SkipScanIncomplete        = "holders_scan_incomplete"
-	SkipNoTargets             = "no_targets"
+	SkipSnapshotUnhealthy SkipReason = "snapshot_unhealthy"
+	SkipGPUNotFound       SkipReason = "gpu_not_found"
+	// SkipGPUReadFailed: the detail is the driver's error.
+	SkipGPUReadFailed SkipReason = "gpu_read_failed"
+	// SkipAccountingUnsupported: the detail is snapshot.GPU.Unsupported.
+	SkipAccountingUnsupported SkipReason = "accounting_unsupported"
+	// SkipUnknownPolicy: the detail is the policy.
+	SkipUnknownPolicy  SkipReason = "unknown_policy"
+	SkipBelowThreshold SkipReason = "below_threshold"
+	SkipTooYoung       SkipReason = "too_young"
+	SkipNotScanned     SkipReason = "holders_not_scanned"
+	// SkipScanIncomplete: the detail says how many processes could not be
+	// read, and what to do about it.
+	SkipScanIncomplete SkipReason = "holders_scan_incomplete"
+	SkipNoTargets      SkipReason = "no_targets"
 )
 
 // Why a process is left alone (remediate.Exclusion.Why), by the rules that
@@ -91,8 +102,10 @@ type Plan struct {
 	Policy   remediate.Policy
 	// Act is true when there are targets and every precondition held.
 	Act bool
-	// SkipReason says why not, when !Act.
-	SkipReason string
+	// SkipReason says why not, when !Act, and SkipDetail what a person
+	// needs besides: which error, how many processes.
+	SkipReason SkipReason
+	SkipDetail string `json:",omitempty"`
 	Before     remediate.MemoryEvidence
 	// Targets are sorted by PID.
 	Targets []remediate.Target
@@ -106,9 +119,18 @@ type Plan struct {
 	Notes []string
 }
 
+// SkipText is why the plan does not act, for people: the reason, and the
+// detail after a colon.
+func (p Plan) SkipText() string {
+	if p.SkipDetail == "" {
+		return string(p.SkipReason)
+	}
+	return string(p.SkipReason) + ": " + p.SkipDetail
+}
+
 // Decide plans the cleanup of GPU gpuID (its UUID or index) under cfg.
-// groups lists process groups for the whole-group rule; nil kills
-// suspects only. now is the moment that ages are measured to.
+// now is the moment that ages are measured to. The plan targets suspects
+// only; WithGroups extends it to whole process groups.
 //
 // Every policy honours MinBytes and MinAge:
 //   - dead-owner and all-holders: memory with no live owner above MinBytes
@@ -118,15 +140,15 @@ type Plan struct {
 //     memory has a live owner, so UnownedBytes says nothing about it.
 //     Inherited suspects are still targeted only when the dead-owner
 //     problem holds.
-func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, now time.Time) Plan {
+func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan {
 	cfg = cfg.withDefaults()
 	p := Plan{Policy: cfg.Policy}
-	skip := func(reason string) Plan {
-		p.Act, p.SkipReason = false, reason
+	skip := func(reason SkipReason, detail string) Plan {
+		p.Act, p.SkipReason, p.SkipDetail = false, reason, detail
 		return p
 	}
 	if s == nil {
-		return skip(SkipSnapshotUnhealthy)
+		return skip(SkipSnapshotUnhealthy, "")
 	}
 	g, found := s.GPUByID(gpuID)
 	if found {
@@ -135,28 +157,28 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	}
 	// A holder we could not see may be anyone: act on a complete scan only.
 	if s.FDScanDenied > 0 {
-		return skip(fmt.Sprintf("%s: the descriptors of %d processes could not be read; run the remediator as root or with CAP_SYS_PTRACE", SkipScanIncomplete, s.FDScanDenied))
+		return skip(SkipScanIncomplete, fmt.Sprintf("the descriptors of %d processes could not be read; run the remediator as root or with CAP_SYS_PTRACE", s.FDScanDenied))
 	}
 	// A failed source may have left any GPU's numbers stale or partial.
 	if !s.Healthy() {
-		return skip(SkipSnapshotUnhealthy)
+		return skip(SkipSnapshotUnhealthy, "")
 	}
 	if !found {
-		return skip(SkipGPUNotFound)
+		return skip(SkipGPUNotFound, "")
 	}
 	if g.Err != nil {
-		return skip(fmt.Sprintf("%s: %v", SkipGPUReadFailed, g.Err))
+		return skip(SkipGPUReadFailed, g.Err.Error())
 	}
 	if g.Unsupported != "" {
-		return skip(SkipAccountingUnsupported + ": " + g.Unsupported)
+		return skip(SkipAccountingUnsupported, g.Unsupported)
 	}
 	switch cfg.Policy {
 	case remediate.PolicyDeadOwner, remediate.PolicyOrphaned, remediate.PolicyAllHolders:
 	default:
-		return skip(SkipUnknownPolicy + ": " + string(cfg.Policy))
+		return skip(SkipUnknownPolicy, string(cfg.Policy))
 	}
 
-	problem := ""
+	var problem SkipReason
 	switch {
 	case g.UnownedBytes <= cfg.MinBytes:
 		problem = SkipBelowThreshold
@@ -180,10 +202,10 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 		if youngOrphan {
 			problem = SkipTooYoung // worth another look later
 		}
-		return skip(problem)
+		return skip(problem, "")
 	}
 	if !g.Scanned {
-		return skip(SkipNotScanned)
+		return skip(SkipNotScanned, "")
 	}
 
 	w := newWorld(s)
@@ -219,10 +241,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, groups GroupLister, 
 	}
 	if len(p.Targets) == 0 {
 		p.sort()
-		return skip(SkipNoTargets)
-	}
-	if groups != nil {
-		p.wholeGroups(cfg, w, groups, targeted)
+		return skip(SkipNoTargets, "")
 	}
 	p.sort()
 	p.Act = true
@@ -309,20 +328,54 @@ func newWorld(s *snapshot.Snapshot) world {
 	return w
 }
 
-// wholeGroups applies the group rule: a process group is killed whole only
-// when its leader is dead or is itself a target, and every other live
-// member is a target, or holds no GPU and may be touched. A live leader
-// that is not a target is a job script or shell the user runs: its group
-// is the user's, and only the targets in it are signalled.
-func (p *Plan) wholeGroups(cfg Config, w world, groups GroupLister, targeted map[int]bool) {
+// Group is what the caller found of one process group: its live members,
+// a zombie leader whose other threads run among them
+// (proc.FS.GroupMembers), or why they could not be listed.
+type Group struct {
+	Members []proc.Process
+	Err     error
+}
+
+// GroupsToList returns the process groups of the plan's targets, sorted:
+// the caller lists each one's members and passes them to WithGroups.
+func (p Plan) GroupsToList() []int {
 	var pgids []int
+	if !p.Act {
+		return nil
+	}
 	for _, t := range p.Targets {
-		if t.PGID > 0 && t.PGID != cfg.Self.PGID && !slices.Contains(pgids, t.PGID) {
+		if t.PGID > 0 && !slices.Contains(pgids, t.PGID) {
 			pgids = append(pgids, t.PGID)
 		}
 	}
 	slices.Sort(pgids)
-	for _, pgid := range pgids {
+	return pgids
+}
+
+// WithGroups applies the group rule to a plan that acts, and returns the
+// plan with whole groups; s and cfg are those the plan was made from, and
+// groups holds the members of GroupsToList's groups. A process group is
+// killed whole only when its leader is dead or is itself a target, and
+// every other live member is a target, or holds no GPU and may be touched.
+// A live leader that is not a target is a job script or shell the user
+// runs: its group is the user's, and only the targets in it are signalled.
+// A group missing from groups is not killed whole.
+func (p Plan) WithGroups(s *snapshot.Snapshot, cfg Config, groups map[int]Group) Plan {
+	if !p.Act || s == nil {
+		return p
+	}
+	cfg = cfg.withDefaults()
+	w := newWorld(s)
+	p.Targets = slices.Clone(p.Targets)
+	p.Groups, p.Notes = slices.Clone(p.Groups), slices.Clone(p.Notes)
+	targeted := map[int]bool{}
+	for _, t := range p.Targets {
+		targeted[t.PID] = true
+	}
+	for _, pgid := range p.GroupsToList() {
+		if pgid == cfg.Self.PGID || slices.Contains(p.Groups, pgid) {
+			continue
+		}
 		extra, note := groupExtras(cfg, w, groups, targeted, pgid)
 		if note != "" {
 			p.Notes = append(p.Notes, fmt.Sprintf("process group %d not killed whole: %s", pgid, note))
@@ -339,12 +392,18 @@ func (p *Plan) wholeGroups(cfg Config, w world, groups GroupLister, targeted map
 		}
 		p.Groups = append(p.Groups, pgid)
 	}
+	p.sort()
+	return p
 }
 
 // groupExtras returns the members of pgid that are not targets yet, or why
 // the group may not be killed whole.
-func groupExtras(cfg Config, w world, groups GroupLister, targeted map[int]bool, pgid int) ([]proc.Process, string) {
-	members, err := groups.Members(pgid)
+func groupExtras(cfg Config, w world, groups map[int]Group, targeted map[int]bool, pgid int) ([]proc.Process, string) {
+	g, ok := groups[pgid]
+	if !ok {
+		return nil, "its members were not listed"
+	}
+	members, err := g.Members, g.Err
 	if err != nil {
 		return nil, fmt.Sprintf("listing its members: %v", err)
 	}

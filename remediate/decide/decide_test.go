@@ -106,23 +106,13 @@ func snap(gpus ...snapshot.GPU) *snapshot.Snapshot {
 	}
 }
 
-// fakeGroups lists process groups and reads processes from a table.
-type fakeGroups struct {
-	groups map[int][]proc.Process
-	procs  map[int]proc.Process
-	err    error
-}
-
-func (f fakeGroups) Members(pgid int) ([]proc.Process, error) {
-	if f.err != nil {
-		return nil, f.err
+// listed is what a caller found of process groups: their members.
+func listed(groups map[int][]proc.Process) map[int]Group {
+	out := map[int]Group{}
+	for pgid, members := range groups {
+		out[pgid] = Group{Members: members}
 	}
-	return f.groups[pgid], nil
-}
-
-func (f fakeGroups) Alive(pid int) (proc.Process, bool) {
-	p, ok := f.procs[pid]
-	return p, ok
+	return out
 }
 
 // The cast of the fork-orphan case (FACTS.md): trainer 100 forked workers
@@ -157,24 +147,27 @@ func forkOrphan() snapshot.GPU {
 	return gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 202}, inherited(worker1), inherited(worker2))
 }
 
-func forkOrphanGroups(members ...proc.Process) fakeGroups {
-	return fakeGroups{groups: map[int][]proc.Process{100: members}}
+func forkOrphanGroups(members ...proc.Process) map[int]Group {
+	return listed(map[int][]proc.Process{100: members})
 }
 
 func TestDecide(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		snap   *snapshot.Snapshot
-		gpu    string
-		cfg    Config
-		groups GroupLister
+		name string
+		snap *snapshot.Snapshot
+		gpu  string
+		cfg  Config
+		// groups are the listed process groups; nil means none were
+		// listed, and only suspects are targeted.
+		groups map[int]Group
 
-		wantSkip     string // prefix of SkipReason; "" means Act
-		wantTargets  map[int]remediate.TargetReason
-		wantWhole    []int
-		wantGroups   []int
-		wantExcluded map[int]remediate.ExclusionReason
-		wantNote     string
+		wantSkip       SkipReason // "" means Act
+		wantSkipDetail string     // a part of SkipDetail
+		wantTargets    map[int]remediate.TargetReason
+		wantWhole      []int
+		wantGroups     []int
+		wantExcluded   map[int]remediate.ExclusionReason
+		wantNote       string
 	}{
 		{
 			name:        "fork orphan: both children targeted, whole group",
@@ -277,12 +270,21 @@ func TestDecide(t *testing.T) {
 			snap:        snap(forkOrphan()),
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
-			groups:      fakeGroups{err: errors.New("permission denied")},
+			groups:      map[int]Group{100: {Err: errors.New("permission denied")}},
 			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
 			wantNote:    "permission denied",
 		},
 		{
-			name:        "without a group lister only suspects are targeted",
+			name:        "a group the caller did not list is not killed whole",
+			snap:        snap(forkOrphan()),
+			gpu:         "0",
+			cfg:         baseConfig(remediate.PolicyDeadOwner),
+			groups:      map[int]Group{},
+			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
+			wantNote:    "its members were not listed",
+		},
+		{
+			name:        "without listed groups only suspects are targeted",
 			snap:        snap(forkOrphan()),
 			gpu:         "0",
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
@@ -388,9 +390,10 @@ func TestDecide(t *testing.T) {
 				g.Unsupported = snapshot.UnsupportedForeignPIDNamespace
 				return snap(g)
 			}(),
-			gpu:      "0",
-			cfg:      baseConfig(remediate.PolicyDeadOwner),
-			wantSkip: SkipAccountingUnsupported + ": " + snapshot.UnsupportedForeignPIDNamespace,
+			gpu:            "0",
+			cfg:            baseConfig(remediate.PolicyDeadOwner),
+			wantSkip:       SkipAccountingUnsupported,
+			wantSkipDetail: snapshot.UnsupportedForeignPIDNamespace,
 		},
 		{
 			name: "GPU read failed",
@@ -399,9 +402,10 @@ func TestDecide(t *testing.T) {
 				g.Err = errors.New("GPU is lost")
 				return snap(g)
 			}(),
-			gpu:      "0",
-			cfg:      baseConfig(remediate.PolicyDeadOwner),
-			wantSkip: SkipGPUReadFailed + ": GPU is lost",
+			gpu:            "0",
+			cfg:            baseConfig(remediate.PolicyDeadOwner),
+			wantSkip:       SkipGPUReadFailed,
+			wantSkipDetail: "GPU is lost",
 		},
 		{
 			name:     "GPU not found",
@@ -411,11 +415,12 @@ func TestDecide(t *testing.T) {
 			wantSkip: SkipGPUNotFound,
 		},
 		{
-			name:     "unknown policy",
-			snap:     snap(forkOrphan()),
-			gpu:      "0",
-			cfg:      baseConfig("everything"),
-			wantSkip: SkipUnknownPolicy + ": everything",
+			name:           "unknown policy",
+			snap:           snap(forkOrphan()),
+			gpu:            "0",
+			cfg:            baseConfig("everything"),
+			wantSkip:       SkipUnknownPolicy,
+			wantSkipDetail: "everything",
 		},
 		{
 			name: "holders not scanned",
@@ -452,7 +457,7 @@ func TestDecide(t *testing.T) {
 			snap:   snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
 			gpu:    "0",
 			cfg:    baseConfig(remediate.PolicyOrphaned),
-			groups: fakeGroups{groups: map[int][]proc.Process{390: {spawned, spawnAux}}},
+			groups: listed(map[int][]proc.Process{390: {spawned, spawnAux}}),
 			wantTargets: map[int]remediate.TargetReason{
 				400: remediate.ReasonOrphaned,
 				401: ReasonGroupMember,
@@ -492,12 +497,9 @@ func TestDecide(t *testing.T) {
 				[]snapshot.Owner{dead(100, 6754*mib), live(other, 4096*mib), live(smi, 2*mib)},
 				[]int{201, 300, 301, 310},
 				inherited(worker1))),
-			gpu: "0",
-			cfg: baseConfig(remediate.PolicyAllHolders),
-			groups: fakeGroups{
-				groups: map[int][]proc.Process{100: {worker1}, 300: {other}, 310: {pr(310, 1, 310, "cuda_app")}},
-				procs:  map[int]proc.Process{310: pr(310, 1, 310, "cuda_app")},
-			},
+			gpu:    "0",
+			cfg:    baseConfig(remediate.PolicyAllHolders),
+			groups: listed(map[int][]proc.Process{100: {worker1}, 300: {other}, 310: {pr(310, 1, 310, "cuda_app")}}),
 			wantTargets: map[int]remediate.TargetReason{
 				201: remediate.ReasonInheritedFromDeadOwner,
 				300: ReasonDeviceHolder,
@@ -527,7 +529,7 @@ func TestDecide(t *testing.T) {
 			}(),
 			gpu:    "0",
 			cfg:    baseConfig(remediate.PolicyAllHolders),
-			groups: fakeGroups{groups: map[int][]proc.Process{100: {worker1}}},
+			groups: listed(map[int][]proc.Process{100: {worker1}}),
 			wantTargets: map[int]remediate.TargetReason{
 				201: remediate.ReasonInheritedFromDeadOwner,
 			},
@@ -544,7 +546,7 @@ func TestDecide(t *testing.T) {
 			}(),
 			gpu:      "0",
 			cfg:      baseConfig(remediate.PolicyOrphaned),
-			groups:   fakeGroups{groups: map[int][]proc.Process{390: {spawned, spawnAux}}},
+			groups:   listed(map[int][]proc.Process{390: {spawned, spawnAux}}),
 			wantSkip: SkipTooYoung,
 		},
 		{
@@ -579,10 +581,11 @@ func TestDecide(t *testing.T) {
 				s.FDScanDenied = 3
 				return s
 			}(),
-			gpu:      "0",
-			cfg:      baseConfig(remediate.PolicyDeadOwner),
-			groups:   forkOrphanGroups(worker1, worker2),
-			wantSkip: SkipScanIncomplete,
+			gpu:            "0",
+			cfg:            baseConfig(remediate.PolicyDeadOwner),
+			groups:         forkOrphanGroups(worker1, worker2),
+			wantSkip:       SkipScanIncomplete,
+			wantSkipDetail: "the descriptors of 3 processes could not be read",
 		},
 		{
 			name: "all-holders still needs the problem",
@@ -592,10 +595,16 @@ func TestDecide(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Decide(tc.snap, tc.gpu, tc.cfg, tc.groups, now)
+			p := Decide(tc.snap, tc.gpu, tc.cfg, now)
+			if tc.groups != nil {
+				if want := slices.Sorted(maps.Keys(tc.groups)); p.Act && len(want) > 0 && !slices.Equal(p.GroupsToList(), want) {
+					t.Errorf("GroupsToList = %v, want the groups the case lists, %v", p.GroupsToList(), want)
+				}
+				p = p.WithGroups(tc.snap, tc.cfg, tc.groups)
+			}
 			if tc.wantSkip != "" {
-				if p.Act || !strings.HasPrefix(p.SkipReason, tc.wantSkip) {
-					t.Fatalf("Act=%v SkipReason=%q, want skip %q", p.Act, p.SkipReason, tc.wantSkip)
+				if p.Act || p.SkipReason != tc.wantSkip || !strings.Contains(p.SkipDetail, tc.wantSkipDetail) {
+					t.Fatalf("Act=%v SkipReason=%q SkipDetail=%q, want skip %q %q", p.Act, p.SkipReason, p.SkipDetail, tc.wantSkip, tc.wantSkipDetail)
 				}
 				if len(p.Targets) != 0 && tc.wantSkip != SkipNoTargets {
 					t.Errorf("skipped plan has targets %v", p.Targets)
@@ -657,7 +666,7 @@ func nonNil[V any](m map[int]V) map[int]V {
 
 func TestDecideEvidence(t *testing.T) {
 	s := snap(forkOrphan())
-	p := Decide(s, "0", baseConfig(""), forkOrphanGroups(worker1, worker2), now)
+	p := Decide(s, "0", baseConfig(""), now).WithGroups(s, baseConfig(""), forkOrphanGroups(worker1, worker2))
 	if p.Policy != remediate.PolicyDeadOwner || p.GPUUUID != "GPU-a" || p.GPUIndex != 0 {
 		t.Errorf("plan names policy %q GPU %q/%d", p.Policy, p.GPUUUID, p.GPUIndex)
 	}
@@ -674,5 +683,35 @@ func TestDecideEvidence(t *testing.T) {
 	tg := p.Targets[0]
 	if tg.PID != 201 || tg.StartTime != 100201 || tg.PGID != 100 || tg.Command != "pt_data_worker --job" || tg.User != "alice" {
 		t.Errorf("target identity: %+v", tg.ProcessInfo)
+	}
+}
+
+func TestSkipText(t *testing.T) {
+	for _, tc := range []struct {
+		p    Plan
+		want string
+	}{
+		{Plan{SkipReason: SkipTooYoung}, "too_young"},
+		{Plan{SkipReason: SkipGPUReadFailed, SkipDetail: "GPU is lost"}, "gpu_read_failed: GPU is lost"},
+		{Plan{Act: true}, ""},
+	} {
+		if got := tc.p.SkipText(); got != tc.want {
+			t.Errorf("SkipText of %q/%q = %q, want %q", tc.p.SkipReason, tc.p.SkipDetail, got, tc.want)
+		}
+	}
+}
+
+// TestWithGroupsLeavesThePlanAlone: WithGroups returns a new plan; the one
+// it was given, and its targets, stay as they were.
+func TestWithGroupsLeavesThePlanAlone(t *testing.T) {
+	s := snap(forkOrphan())
+	cfg := baseConfig(remediate.PolicyDeadOwner)
+	p := Decide(s, "0", cfg, now)
+	whole := p.WithGroups(s, cfg, forkOrphanGroups(worker1, worker2, helper))
+	if len(whole.Targets) != 3 || !slices.Equal(whole.Groups, []int{100}) {
+		t.Fatalf("with groups: targets %v, groups %v; want 201, 202 and the idle 203, group 100", whole.Targets, whole.Groups)
+	}
+	if len(p.Targets) != 2 || p.Targets[0].WholeGroup || len(p.Groups) != 0 {
+		t.Errorf("the plan WithGroups was given changed: %+v", p)
 	}
 }

@@ -66,7 +66,13 @@ func NewNode(cfg NodeConfig) *Node {
 // this snapshot is the evidence.
 func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
 	s := n.cfg.Loop.Refresh(ctx, true)
-	return decide.Decide(s, gpuID, n.cfg.Decide, decide.ProcGroups{FS: n.cfg.Proc}, time.Now())
+	plan := decide.Decide(s, gpuID, n.cfg.Decide, time.Now())
+	groups := map[int]decide.Group{}
+	for _, pgid := range plan.GroupsToList() {
+		members, err := n.cfg.Proc.GroupMembers(pgid)
+		groups[pgid] = decide.Group{Members: members, Err: err}
+	}
+	return plan.WithGroups(s, n.cfg.Decide, groups)
 }
 
 // Execute implements Executor.
@@ -74,17 +80,17 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 	plan := n.Plan(ctx, a.GPUUUID)
 	applyPlan(&a, plan, n.cfg.Act)
 	n.cfg.Logger.Info("Plan", "action", a.ID, "gpu", a.GPUUUID, "policy", a.Policy, "act", plan.Act,
-		"skip_reason", plan.SkipReason, "targets", targetSummary(a.Targets), "dry_run", a.DryRun)
+		"skip_reason", plan.SkipReason, "skip_detail", plan.SkipDetail, "targets", targetSummary(a.Targets), "dry_run", a.DryRun)
 
 	if !plan.Act {
 		// A problem too young to act on, or a snapshot we cannot trust (a
 		// failing or hung driver), is looked at again later rather than
 		// dropped, up to MaxWait after the alert arrived.
 		if retry, ok := retryable(plan.SkipReason, n.cfg.Decide.MinAge); ok && time.Since(a.StartedAt) < n.cfg.MaxWait {
-			a.State, a.Reason = remediate.StateQueued, "waiting: "+plan.SkipReason
+			a.State, a.Reason = remediate.StateQueued, "waiting: "+plan.SkipText()
 			return a, retry
 		}
-		a.State, a.Reason = remediate.StateSkipped, plan.SkipReason
+		a.State, a.Reason = remediate.StateSkipped, plan.SkipText()
 		return a, 0
 	}
 	var permit limits.Permit // the zero Permit's Done is a no-op
@@ -116,11 +122,11 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 }
 
 // retryable says whether a skipped plan is worth another look, and when.
-func retryable(skipReason string, minAge time.Duration) (time.Duration, bool) {
-	switch {
-	case skipReason == decide.SkipTooYoung:
+func retryable(skip decide.SkipReason, minAge time.Duration) (time.Duration, bool) {
+	switch skip {
+	case decide.SkipTooYoung:
 		return max(minAge/4, 100*time.Millisecond), true
-	case strings.HasPrefix(skipReason, decide.SkipSnapshotUnhealthy), strings.HasPrefix(skipReason, decide.SkipGPUReadFailed):
+	case decide.SkipSnapshotUnhealthy, decide.SkipGPUReadFailed:
 		return 2 * time.Second, true
 	}
 	return 0, false
