@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,82 +19,168 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
-// TestRunOnce: `RUN_ONCE=1 make run` (scripts/run.sh) narrates every stage
-// of the loop, exits 0 once the memory is back, and leaves no process
-// behind. It runs on free ports and in a temp RUN_DIR, with the binaries
-// this test built, so it neither clashes with a `make run` in progress nor
-// tests a stale bin/.
-func TestRunOnce(t *testing.T) {
-	tool(t, "prometheus")
-	tool(t, "alertmanager", "prometheus-alertmanager")
+// demo is `make run` (cmd/gpu-orphan-demo) on free ports, in a temp
+// RUN_DIR, with the binaries this test built, so that it neither clashes
+// with a `make run` in progress nor tests a stale bin/. It runs in its own
+// process group, as a terminal's job. The settings go through the
+// environment variables that `make run` documents.
+func demo(ctx context.Context, t *testing.T, env ...string) (*exec.Cmd, *syncBuffer, string) {
+	t.Helper()
+	tools(t)
 	root, err := testenv.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, b := range []string{"gpu-orphan-exporter", "gpu-orphan-remediator", "gpu-orphan-sim"} {
+		bin(t, b)
 	}
 	port := func() string {
 		a := testenv.FreeAddr(t)
 		return a[strings.LastIndexByte(a, ':')+1:]
 	}
 	runDir := t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "run.sh"), "sim")
-	cmd.Env = append(os.Environ(), "RUN_ONCE=1", "RUN_DIR="+runDir, "NODE_NAME=run-once",
-		"BIN_DIR="+filepath.Dir(bin(t, "gpu-orphan-exporter")),
+	cmd := exec.CommandContext(ctx, bin(t, "gpu-orphan-demo"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "RUN_DIR="+runDir, "NODE_NAME=run-once", "BIN_DIR="+filepath.Dir(bin(t, "gpu-orphan-exporter")),
 		"EXPORTER_PORT="+port(), "REMEDIATOR_PORT="+port(), "PROMETHEUS_PORT="+port(), "ALERTMANAGER_PORT="+port())
-	// Its own process group, as a terminal's job; on timeout the script
-	// gets SIGTERM (SIGINT may be ignored in a background job), which it
-	// traps as it does Ctrl+C, and stops what it started.
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// On timeout: SIGTERM, which it takes as it takes Ctrl+C.
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 20 * time.Second
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd, out, runDir
+}
+
+// syncBuffer is a bytes.Buffer that the test may read while the command
+// writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestRunOnce: `RUN_ONCE=1 make run` narrates every stage of the loop,
+// exits 0 once the memory is back, and leaves no process behind.
+func TestRunOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	cmd, out, runDir := demo(ctx, t, "RUN_ONCE=1")
 	start := time.Now()
-	err = cmd.Run()
-	t.Logf("scripts/run.sh (RUN_ONCE=1) took %.1fs:\n%s", time.Since(start).Seconds(), out.String())
+	err := cmd.Run()
+	t.Logf("gpu-orphan-demo (RUN_ONCE=1) took %.1fs:\n%s", time.Since(start).Seconds(), out)
 	if err != nil {
-		if b, _ := os.ReadFile(filepath.Join(runDir, "logs", "remediator.log")); len(b) > 0 {
-			t.Logf("remediator log:\n%s", b)
-		}
-		t.Fatalf("scripts/run.sh: %v", err)
+		dumpLogs(t, filepath.Join(runDir, "logs"))
+		t.Fatalf("gpu-orphan-demo: %v", err)
 	}
 	text := out.String()
 
 	// The stages, in order.
-	at := 0
-	for _, stage := range []string{"kill -9", "detected", "alert pending", "alert firing",
-		"notification received", "plan", "signal", "memory back", "stopped prometheus"} {
-		i := strings.Index(text[at:], stage)
-		if i < 0 {
-			t.Fatalf("no %q after offset %d of the narration", stage, at)
-		}
-		at += i + len(stage)
-	}
+	inOrder(t, text, "kill -9", "detected", "scraped", "alert pending", "alert firing", "alert routed",
+		"notification received", "plan", "signal", "action finished", "memory back", "RUN_ONCE=1: stopping.",
+		"stopped prometheus")
 	if !regexp.MustCompile(`memory back +freed 4[0-9]{3} MiB`).MatchString(text) {
 		t.Errorf("the narration does not say that >= 4000 MiB were freed")
 	}
-
-	// Nothing left: neither the daemons it stopped nor the workload.
-	var pids []int
-	for _, m := range regexp.MustCompile(`stopped \S+ \(pid (\d+)\)`).FindAllStringSubmatch(text, -1) {
-		pid, _ := strconv.Atoi(m[1])
-		pids = append(pids, pid)
+	if strings.Contains(text, "WARNING") {
+		t.Errorf("the narration warns")
 	}
-	if len(pids) != 4 {
-		t.Errorf("stopped %d daemons, want 4", len(pids))
+	checkNothingLeft(t, text, runDir)
+}
+
+// TestRunInterrupt: Ctrl+C while the orphan's children still hold its
+// memory stops everything: the daemons and the workload.
+func TestRunInterrupt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	cmd, out, runDir := demo(ctx, t)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.After(60 * time.Second)
+	for !strings.Contains(out.String(), "detected") {
+		select {
+		case err := <-done:
+			t.Fatalf("gpu-orphan-demo exited before the orphan was detected: %v\n%s", err, out)
+		case <-deadline:
+			t.Fatalf("no orphan detected within 60s:\n%s", out)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// Ctrl+C: the terminal sends SIGINT to the foreground process group.
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("gpu-orphan-demo did not exit within 30s of SIGINT:\n%s", out)
+	}
+	t.Logf("gpu-orphan-demo after SIGINT:\n%s", out)
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Errorf("exit status %d (%v), want 130", code, err)
+	}
+	text := out.String()
+	inOrder(t, text, "detected", "stopped workload", "stopped prometheus", "stopped gpu-orphan-exporter", "logs are in")
+	checkNothingLeft(t, text, runDir)
+}
+
+// inOrder fails unless text holds each of words after the one before.
+func inOrder(t *testing.T, text string, words ...string) {
+	t.Helper()
+	at := 0
+	for _, w := range words {
+		i := strings.Index(text[at:], w)
+		if i < 0 {
+			t.Fatalf("no %q after offset %d of the narration", w, at)
+		}
+		at += i + len(w)
+	}
+}
+
+// checkNothingLeft: every process the demo started is gone, and whatever
+// they started (each daemon and the workload lead a session of their
+// own), and the run directory's lock is released.
+func checkNothingLeft(t *testing.T, text, runDir string) {
+	t.Helper()
+	var sids []int
+	for _, m := range regexp.MustCompile(`started \S+ \(pid (\d+)\)`).FindAllStringSubmatch(text, -1) {
+		pid, _ := strconv.Atoi(m[1])
+		sids = append(sids, pid)
+	}
+	if len(sids) != 4 {
+		t.Errorf("started %d daemons, want 4", len(sids))
+	}
+	if n := len(regexp.MustCompile(`stopped \S+ \(pid \d+\)`).FindAllString(text, -1)); n != 5 {
+		t.Errorf("stopped %d processes, want 4 daemons and the workload", n)
 	}
 	if m := regexp.MustCompile(`parent (\d+) allocated .* forked (\d+) (\d+),`).FindStringSubmatch(text); m != nil {
-		for _, s := range m[1:] {
-			pid, _ := strconv.Atoi(s)
-			pids = append(pids, pid)
+		pid, _ := strconv.Atoi(m[1])
+		sids = append(sids, pid)
+		for _, s := range m[2:] {
+			if c, _ := strconv.Atoi(s); testenv.Alive(c) {
+				t.Errorf("the workload's child %d is still running", c)
+			}
 		}
 	} else {
 		t.Errorf("the narration names no workload")
 	}
-	for _, pid := range pids {
-		if testenv.Alive(pid) {
-			t.Errorf("process %d is still running after run.sh exited", pid)
+	if left := inSessions(t, sids); len(left) > 0 {
+		t.Errorf("processes %v of the stack are still running after gpu-orphan-demo exited", left)
+		for _, pid := range left {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
