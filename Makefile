@@ -62,8 +62,11 @@ e2e: build deps
 	@if [ -d e2e ]; then GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
 	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; fi
 
+# Each figure against its target (scripts/bench.sh); exits 1 on a miss, so
+# `make test` does not run it. Results go to .run/bench/; docs/benchmarks.md
+# is updated by hand, from .run/bench/benchmarks.md, on purpose.
 bench: build
-	./scripts/bench.sh
+	@RUN_DIR='$(RUN_DIR)' ./scripts/bench.sh
 
 fuzz:
 	@RUN_DIR='$(RUN_DIR)' ./scripts/fuzz.sh

@@ -39,6 +39,13 @@ const (
 	// RSS reading.
 	rssInterval = time.Second
 	rssSoak     = 15 * time.Second
+
+	// BenchmarkExporterScanRSS: the crowd whose descriptors every scan
+	// reads (benchProcs of them shared with the other benchmarks), how
+	// long the exporter runs quiet first, and how many scans it makes then.
+	scanCrowd = 6000
+	quietSoak = 10 * time.Second
+	rssScans  = 20
 )
 
 var benchWorkloads = []struct {
@@ -344,4 +351,96 @@ func memStatus(pid int) (rss, hwm uint64, err error) {
 		return 0, 0, fmt.Errorf("no VmRSS or VmHWM in /proc/%d/status", pid)
 	}
 	return rss, hwm, nil
+}
+
+// BenchmarkExporterScanRSS measures whether the fd scan keeps memory: the
+// real gpu-orphan-exporter --backend=sim, --collector.interval=1s, among a
+// crowd of 6,000 other processes (~144,000 descriptors). It runs quiet
+// first, the healthy workloads only, so that no snapshot scans /proc/*/fd;
+// its VmRSS then is rss-quiet-MiB. Then the two fork-orphans appear, and
+// every snapshot scans the whole crowd; after rssScans scans its VmRSS is
+// rss-scanned-MiB, and the difference rss-growth-MiB. It is scraped every
+// 100 ms all along, as in BenchmarkExporterRSS, so that only the scans
+// differ. The timed ops are back-to-back scrapes of it among the crowd.
+func BenchmarkExporterScanRSS(b *testing.B) {
+	startSleepers(b)
+	more, err := testenv.StartCrowd(scanCrowd-benchProcs, benchExtraFDs+3, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(more.Stop)
+	root := testenv.SimNode(b, benchGPUs)
+	for _, spec := range benchWorkloads {
+		if !spec.orphan {
+			testenv.StartWorkload(b, root, spec.gpu, spec.mib, spec.children)
+		}
+	}
+	addr := testenv.FreeAddr(b)
+	cmd := testenv.Daemon(b, testenv.Bin(b, "gpu-orphan-exporter"), "--backend=sim", "--sim.root="+root,
+		"--web.listen-address="+addr, "--collector.interval="+rssInterval.String())
+	url := "http://" + addr + "/metrics"
+	testenv.Eventually(b, 30*time.Second, "the exporter to serve", func() bool {
+		_, err := httpGet(url)
+		return err == nil
+	})
+
+	// scrapeUntil scrapes every 100 ms until done says so, and returns the
+	// fd scan durations of the distinct snapshots it saw.
+	scrapeUntil := func(done func(snapshots int, scans []float64) bool) []float64 {
+		seen := map[float64]bool{}
+		var scans []float64
+		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			_, mfs := testenv.Scrape(b, url)
+			if ts, _ := testenv.Value(mfs, "gpu_orphan_snapshot_timestamp_seconds", nil); !seen[ts] {
+				seen[ts] = true
+				if d, ok := testenv.Value(mfs, "gpu_orphan_source_duration_seconds", map[string]string{"source": snapshot.SourceFDScan}); ok {
+					scans = append(scans, d)
+				}
+			}
+			if done(len(seen), scans) {
+				return scans
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("gave up after %d snapshots, %d of them scanning", len(seen), len(scans))
+			}
+		}
+	}
+
+	start := time.Now()
+	if scans := scrapeUntil(func(int, []float64) bool { return time.Since(start) >= quietSoak }); len(scans) > 0 {
+		b.Fatalf("the quiet exporter scanned /proc/*/fd %d times", len(scans))
+	}
+	quiet, _, err := memStatus(cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	for _, spec := range benchWorkloads {
+		if spec.orphan {
+			testenv.StartWorkload(b, root, spec.gpu, spec.mib, spec.children).KillParent(b)
+		}
+	}
+	scans := scrapeUntil(func(_ int, scans []float64) bool { return len(scans) >= rssScans })
+	scanned, hwm, err := memStatus(cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	checkBenchScrape(b, url)
+
+	client := &http.Client{}
+	var lat []time.Duration
+	for b.Loop() {
+		lat = append(lat, scrapeOnce(b, client, url))
+	}
+	reportLatency(b, lat, "bin-")
+	var sum float64
+	for _, s := range scans {
+		sum += s
+	}
+	b.ReportMetric(float64(len(scans)), "scans")
+	b.ReportMetric(sum/float64(len(scans))*1e3, "scan-ms")
+	b.ReportMetric(float64(quiet)/(1<<20), "rss-quiet-MiB")
+	b.ReportMetric(float64(scanned)/(1<<20), "rss-scanned-MiB")
+	b.ReportMetric((float64(scanned)-float64(quiet))/(1<<20), "rss-growth-MiB")
+	b.ReportMetric(float64(hwm)/(1<<20), "hwm-MiB")
 }
