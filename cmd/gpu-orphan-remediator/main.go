@@ -30,6 +30,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/api"
+	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
 	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
@@ -268,7 +269,7 @@ func nodeClassifier(nodeLabel, uuidLabel, nodeName string, loop interface {
 }
 
 // dispatchClassifier accepts alerts that name a node it can route to.
-func dispatchClassifier(nodeLabel, uuidLabel string, d *engine.Dispatcher) intake.Classifier {
+func dispatchClassifier(nodeLabel, uuidLabel string, d *dispatch.Dispatcher) intake.Classifier {
 	return func(labels map[string]string) (string, string, string) {
 		node, uuid := labels[nodeLabel], labels[uuidLabel]
 		switch {

@@ -13,7 +13,8 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
-	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
+	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
+	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
@@ -54,7 +55,7 @@ func (g gpuSet) KnownGPU(uuid string) bool {
 
 // nodeRole wires the node's cleanup over an opened backend, whose driver
 // the caller closes once running actions are done.
-func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Node, gpuSet, *limits.Limiter, error) {
+func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*cleanup.Node, gpuSet, *limits.Limiter, error) {
 	fs := opened.Proc
 	loop := snapshot.NewLoop(opened.Taker, *f.interval, *f.remediation.MinBytes)
 	loop.Refresh(ctx, false)
@@ -66,8 +67,8 @@ func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, 
 	}
 
 	decideCfg := f.remediation.DecideConfig()
-	node := engine.NewNode(engine.NodeConfig{
-		Loop: loop, Proc: fs,
+	node := cleanup.New(cleanup.Config{
+		Snapshots: loop, Proc: fs,
 		Decide: decideCfg,
 		Ladder: &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger,
 			Groups: fs, Exclude: decideCfg.Rules().Why},
@@ -113,10 +114,10 @@ func persistBreaker(ctx context.Context, st *store.Store, b breaker, hook *func(
 	return nil
 }
 
-func dispatcherRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*engine.Dispatcher, *limits.Fleet, error) {
+func dispatcherRole(ctx context.Context, f *flags, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*dispatch.Dispatcher, *limits.Fleet, error) {
 	var targets map[string]string
 	if *f.dispatch.targetsFile != "" {
-		t, err := engine.LoadTargets(*f.dispatch.targetsFile)
+		t, err := dispatch.LoadTargets(*f.dispatch.targetsFile)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -135,7 +136,7 @@ func dispatcherRole(ctx context.Context, f *flags, st *store.Store, m *remediate
 	if err := persistBreaker(ctx, st, fleet, &fleet.OnBreakerChange, m, logger); err != nil {
 		return nil, nil, err
 	}
-	d, err := engine.NewDispatcher(engine.DispatchConfig{
+	d, err := dispatch.New(dispatch.Config{
 		URLTemplate: *f.dispatch.urlTemplate, Targets: targets, Token: token,
 		Client: &http.Client{Timeout: *f.dispatch.timeout}, Fleet: fleet, NodeLabel: *f.nodeLabel,
 		MaxAttempts: *f.dispatch.maxAttempts, Metrics: m, Logger: logger,

@@ -13,13 +13,18 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
-	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
-	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
+
+// auditRecord is the audit database that --store.path opens.
+type auditRecord interface {
+	cleanup.EventRecorder
+	Insert(ctx context.Context, a remediate.Action) (string, error)
+}
 
 // runClean runs the remediator's decision and kill ladder by hand: the
 // plan first, then (with --act) the signals and the verified result.
@@ -35,7 +40,9 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	var recorder engine.EventRecorder
+	// With --store.path the action is recorded as the remediator records
+	// its own; without, it is only printed.
+	var audit auditRecord
 	if storePath != "" {
 		st, err := store.Open(ctx, storePath)
 		if err != nil {
@@ -43,15 +50,15 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 			return 1
 		}
 		defer st.Close()
-		recorder = st
+		audit = st
 	}
 	cfg := r.DecideConfig()
-	node := engine.NewNode(engine.NodeConfig{
-		Loop: snapshot.NewLoop(opened.Taker, time.Hour, cfg.MinBytes), Proc: fs, Decide: cfg,
+	node := cleanup.New(cleanup.Config{
+		Snapshots: cleanup.Once{Taker: opened.Taker, OrphanBytes: cfg.MinBytes}, Proc: fs, Decide: cfg,
 		Ladder:        &kill.Ladder{Grace: *r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
 		Act:           *r.Act,
 		VerifyTimeout: *r.VerifyTimeout,
-		Recorder:      recorder,
+		Recorder:      audit,
 		Logger:        logger,
 	})
 	plan := node.Plan(ctx, gpuID)
@@ -70,8 +77,8 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 		State: remediate.StateRunning, Source: "cli", StartedAt: time.Now()}
 	before := plan.Before
 	a.Before, a.Targets, a.Excluded = &before, plan.Targets, plan.Excluded
-	if st, ok := recorder.(*store.Store); ok {
-		id, err := st.Insert(ctx, a)
+	if audit != nil {
+		id, err := audit.Insert(ctx, a)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "gpu-orphan: refusing to act without a record: %v\n", err)
 			return 1

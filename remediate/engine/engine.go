@@ -1,6 +1,6 @@
 // Package engine works through the store's queue of actions: it claims
-// each one, hands it to an Executor (the node's cleanup, or the
-// dispatcher's forwarding) and records what happened.
+// each one, hands it to an Executor (the node's cleanup, package cleanup,
+// or the fleet's forwarding, package dispatch) and records what happened.
 package engine
 
 import (
@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
-	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -211,19 +210,4 @@ func (e *Engine) process(ctx context.Context, id string) time.Duration {
 	e.logger.Info("Action finished", "action", result.ID, "node", result.Node, "gpu", result.GPUUUID,
 		"state", result.State, "reason", result.Reason, "freed_mib", result.FreedBytes>>20, "targets", len(result.Targets))
 	return 0
-}
-
-// limitedRetry turns a *limits.Limited into a retry delay, counting it.
-func limitedRetry(err error, m *remediate.Metrics) (time.Duration, string, bool) {
-	var l *limits.Limited
-	if !errors.As(err, &l) {
-		return 0, "", false
-	}
-	m.Limited.WithLabelValues(l.Limit).Inc()
-	if l.RetryAfter <= 0 {
-		// No estimate (a slot frees when work ends; a breaker waits for a
-		// human): look again now and then.
-		return 5 * time.Second, l.Limit, true
-	}
-	return max(l.RetryAfter, time.Second), l.Limit, true
 }

@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -40,4 +41,19 @@ func (e *Limited) Error() string {
 		msg += fmt.Sprintf(" (retry after %s)", e.RetryAfter)
 	}
 	return msg
+}
+
+// Retry says when work that err held back is worth another try, and which
+// limit held it; ok is false when err is not a *Limited. Without an
+// estimate (a slot frees when work ends; a breaker waits for a human) it
+// says 5 s, to look again now and then; never less than a second.
+func Retry(err error) (after time.Duration, limit string, ok bool) {
+	var l *Limited
+	if !errors.As(err, &l) {
+		return 0, "", false
+	}
+	if l.RetryAfter <= 0 {
+		return 5 * time.Second, l.Limit, true
+	}
+	return max(l.RetryAfter, time.Second), l.Limit, true
 }

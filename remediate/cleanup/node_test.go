@@ -1,4 +1,4 @@
-package engine
+package cleanup
 
 import (
 	"context"
@@ -58,8 +58,8 @@ func actOnForkOrphan(t *testing.T, rec EventRecorder) (remediate.Action, *testen
 	taker := snapshot.NewTaker(snapshot.Config{Driver: drv, Proc: fs})
 	loop := snapshot.NewLoop(taker, time.Hour, cfg.MinBytes)
 	loop.Refresh(t.Context(), true) // starts the age clock
-	n := NewNode(NodeConfig{
-		Loop: loop, Proc: fs, Decide: cfg, Act: true, VerifyTimeout: 5 * time.Second, Recorder: rec,
+	n := New(Config{
+		Snapshots: loop, Proc: fs, Decide: cfg, Act: true, VerifyTimeout: 5 * time.Second, Recorder: rec,
 		Ladder: &kill.Ladder{Grace: 500 * time.Millisecond, ExitTimeout: time.Second, Proc: fs},
 	})
 	plan := n.Plan(t.Context(), "0")

@@ -1,4 +1,9 @@
-package engine
+// Package cleanup cleans up one GPU of this node: a fresh snapshot as
+// evidence, the plan (package decide), the limits, the kill ladder (package
+// kill), and the verification that the memory came back, each step
+// recorded before the next. The remediator's queue runner (package engine)
+// calls it for each alert; `gpu-orphan clean` calls it by hand.
+package cleanup
 
 import (
 	"context"
@@ -26,9 +31,18 @@ type EventRecorder interface {
 	AddEvent(ctx context.Context, actionID, kind string, detail any) error
 }
 
-// NodeConfig configures cleanup on this node.
-type NodeConfig struct {
-	Loop   *snapshot.Loop
+// Snapshots gives a fresh snapshot, taken now, whose age clocks
+// (snapshot.GPU.UnownedSince, snapshot.Holder.Since) are set: a
+// snapshot.Loop, or Once for a cleanup by hand.
+type Snapshots interface {
+	Refresh(ctx context.Context, forceScan bool) *snapshot.Snapshot
+}
+
+// Config configures cleanup on this node.
+type Config struct {
+	Snapshots Snapshots
+	// Proc lists process groups for the plan and names what is left after
+	// a failed cleanup.
 	Proc   proc.FS
 	Decide decide.Config
 	Ladder *kill.Ladder
@@ -46,10 +60,10 @@ type NodeConfig struct {
 }
 
 // Node cleans up GPUs of this node.
-type Node struct{ cfg NodeConfig }
+type Node struct{ cfg Config }
 
-// NewNode returns a Node executor.
-func NewNode(cfg NodeConfig) *Node {
+// New returns a Node.
+func New(cfg Config) *Node {
 	if cfg.VerifyTimeout <= 0 {
 		cfg.VerifyTimeout = 30 * time.Second
 	}
@@ -65,7 +79,12 @@ func NewNode(cfg NodeConfig) *Node {
 // Plan takes a fresh snapshot and decides. The alert is only a trigger:
 // this snapshot is the evidence.
 func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
-	s := n.cfg.Loop.Refresh(ctx, true)
+	return n.PlanFrom(n.cfg.Snapshots.Refresh(ctx, true), gpuID)
+}
+
+// PlanFrom decides on a snapshot the caller took from Snapshots, listing
+// the process groups of the targets for the whole-group rule.
+func (n *Node) PlanFrom(s *snapshot.Snapshot, gpuID string) decide.Plan {
 	plan := decide.Decide(s, gpuID, n.cfg.Decide, time.Now())
 	groups := map[int]decide.Group{}
 	for _, pgid := range plan.GroupsToList() {
@@ -75,7 +94,8 @@ func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
 	return plan.WithGroups(s, n.cfg.Decide, groups)
 }
 
-// Execute implements Executor.
+// Execute cleans up the GPU that a claimed action names (engine.Executor):
+// a result in state queued is tried again after the duration returned.
 func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
 	plan := n.Plan(ctx, a.GPUUUID)
 	applyPlan(&a, plan, n.cfg.Act)
@@ -96,7 +116,8 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 	var permit limits.Permit // the zero Permit's Done is a no-op
 	if n.cfg.Limiter != nil {
 		p, err := n.cfg.Limiter.Acquire(a.GPUUUID)
-		if retry, limit, ok := limitedRetry(err, n.cfg.Metrics); ok {
+		if retry, limit, ok := limits.Retry(err); ok {
+			n.cfg.Metrics.Limited.WithLabelValues(limit).Inc()
 			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
 			n.cfg.Logger.Info("Held back by a limit", "action", a.ID, "limit", limit, "retry_after", retry)
 			return a, retry
@@ -246,7 +267,7 @@ func (n *Node) verify(ctx context.Context, a remediate.Action) (*remediate.Memor
 	var last snapshot.GPU
 	var ev *remediate.MemoryEvidence
 	for {
-		s := n.cfg.Loop.Refresh(ctx, true)
+		s := n.cfg.Snapshots.Refresh(ctx, true)
 		if g, ok := s.GPUByID(a.GPUUUID); ok && g.Accountable() {
 			last = g
 			e := remediate.NewMemoryEvidence(g, s.Taken, s.Taken)
@@ -334,7 +355,7 @@ func hasOrphaned(g snapshot.GPU, policy remediate.Policy) bool {
 func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftover {
 	var out []remediate.Leftover
 	for _, t := range a.Targets {
-		if t.Outcome != "still_alive" {
+		if t.Outcome != kill.OutcomeStillAlive {
 			continue
 		}
 		kind, detail := "alive", "survived SIGKILL"

@@ -1,4 +1,7 @@
-package engine
+// Package dispatch is the fleet's single webhook target: it forwards each
+// alert to the remediator of the node it names, under fleet-wide limits,
+// and retries an unreachable node before it records the action as failed.
+package dispatch
 
 import (
 	"bytes"
@@ -22,8 +25,8 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 )
 
-// DispatchConfig configures the fleet dispatcher.
-type DispatchConfig struct {
+// Config configures the fleet dispatcher.
+type Config struct {
 	// URLTemplate builds a node agent's base URL from {{.Node}}, e.g.
 	// "https://{{.Node}}:9836". Used for nodes the targets file lacks.
 	URLTemplate string
@@ -43,7 +46,7 @@ type DispatchConfig struct {
 
 // Dispatcher forwards each alert to the agent of the node it names.
 type Dispatcher struct {
-	cfg  DispatchConfig
+	cfg  Config
 	tmpl *template.Template
 
 	mu       sync.Mutex
@@ -51,8 +54,8 @@ type Dispatcher struct {
 	seen     map[string]bool
 }
 
-// NewDispatcher validates cfg and returns a Dispatcher.
-func NewDispatcher(cfg DispatchConfig) (*Dispatcher, error) {
+// New validates cfg and returns a Dispatcher.
+func New(cfg Config) (*Dispatcher, error) {
 	if cfg.URLTemplate == "" && len(cfg.Targets) == 0 {
 		return nil, fmt.Errorf("the dispatcher needs --dispatch.url-template, --dispatch.targets-file, or both")
 	}
@@ -158,7 +161,7 @@ func (d *Dispatcher) knownNodes(node string) int {
 	return n
 }
 
-// Execute implements Executor: it forwards one firing alert to its node.
+// Execute forwards one firing alert to its node (engine.Executor).
 func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
 	a.Source = "dispatch"
 	target, err := d.agentURL(a.Node)
@@ -167,7 +170,8 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		return a, 0
 	}
 	if err := d.cfg.Fleet.Allow(a.Node, d.knownNodes(a.Node)); err != nil {
-		if retry, limit, ok := limitedRetry(err, d.cfg.Metrics); ok {
+		if retry, limit, ok := limits.Retry(err); ok {
+			d.cfg.Metrics.Limited.WithLabelValues(limit).Inc()
 			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
 			return a, retry
 		}
