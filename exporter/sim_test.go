@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
@@ -83,7 +82,7 @@ func TestSimForkOrphan(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gpu-orphan ps: %v", err)
 	}
-	var rep cli.Report
+	var rep psReport
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatal(err)
 	}

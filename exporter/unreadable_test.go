@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpu-orphan/gpu-orphan/exporter"
-	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
@@ -111,7 +110,7 @@ func TestUnreadableDescriptorsAsNobody(t *testing.T) {
 	if code == 0 {
 		t.Errorf("ps -o json as nobody exited 0")
 	}
-	var rep cli.Report
+	var rep psReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("ps -o json as nobody: %v\n%s", err, out)
 	}
@@ -255,7 +254,7 @@ func TestPSOwnerStates(t *testing.T) {
 		return !testenv.Alive(zombie.PID) // Z, while its other threads run
 	})
 	out, code := runAs(t, "", false, ps, append(simArgs, "ps", "-o", "json")...)
-	var rep cli.Report
+	var rep psReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("ps -o json: %v (exit %d)\n%s", err, code, out)
 	}

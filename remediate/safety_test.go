@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
@@ -175,11 +174,20 @@ func TestSafetyDeviceIdentityNotPath(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gpu-orphan ps: %v\n%s", err, out)
 	}
-	var r cli.Report
+	// The part of gpu-orphan ps -o json that this test reads.
+	type psGPU struct {
+		HolderPIDs []int `json:"holder_pids"`
+		Suspects   []struct {
+			PID int `json:"pid"`
+		} `json:"suspects"`
+	}
+	var r struct {
+		GPUs []psGPU `json:"gpus"`
+	}
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("ps -o json: %v\n%s", err, out)
 	}
-	suspects := func(g cli.ReportGPU) []int {
+	suspects := func(g psGPU) []int {
 		var pids []int
 		for _, h := range g.Suspects {
 			pids = append(pids, h.PID)

@@ -22,7 +22,7 @@ func runPS(logger *slog.Logger, backend *cli.Backend, output string) int {
 	}
 	defer node.Driver.Close()
 	s := node.Taker.Take(context.Background(), true)
-	r := cli.NewReport(s, node.Driver.DevicePath)
+	r := NewReport(s, node.Driver.DevicePath)
 	switch output {
 	case "json":
 		enc := json.NewEncoder(os.Stdout)
@@ -52,7 +52,7 @@ func unreadableWarning(n int) string {
 	return fmt.Sprintf("WARNING: the descriptors of %d processes could not be read (run as root, or with CAP_SYS_PTRACE): holders may be missing, so 'no suspect holders' is not proven.", n)
 }
 
-func writeTable(w io.Writer, r cli.Report) {
+func writeTable(w io.Writer, r Report) {
 	for _, src := range r.Sources {
 		if src.Error != "" {
 			fmt.Fprintf(w, "ERROR: source %s failed: %s\n", src.Name, src.Error)
@@ -130,7 +130,7 @@ func writeTable(w io.Writer, r cli.Report) {
 
 // ownerState says whether a listed PID is its memory's live owner. A live
 // process under a dead owner's PID is named, and is not the owner.
-func ownerState(o cli.ReportOwner) string {
+func ownerState(o ReportOwner) string {
 	if !o.Alive {
 		if o.ReusedBy != nil {
 			return fmt.Sprintf("DEAD: PID now belongs to %d %s, which holds no descriptor of this GPU", o.ReusedBy.PID, o.ReusedBy.Comm)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
@@ -83,7 +82,7 @@ func TestTableWarnsWhenDescriptorsUnreadable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
-			writeTable(&b, cli.NewReport(tc.s, devicePath))
+			writeTable(&b, NewReport(tc.s, devicePath))
 			out := b.String()
 			for _, w := range tc.want {
 				if !strings.Contains(out, w) {
@@ -104,7 +103,7 @@ func TestTableWarnsWhenDescriptorsUnreadable(t *testing.T) {
 
 // TestReportJSONFields pins the names scripts read.
 func TestReportJSONFields(t *testing.T) {
-	b, err := json.Marshal(cli.NewReport(node(7, 1), devicePath))
+	b, err := json.Marshal(NewReport(node(7, 1), devicePath))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,7 @@ func TestReportJSONFields(t *testing.T) {
 	}
 
 	// A complete scan still says 0, and omits what does not apply.
-	b, err = json.Marshal(cli.NewReport(node(0), devicePath))
+	b, err = json.Marshal(NewReport(node(0), devicePath))
 	if err != nil {
 		t.Fatal(err)
 	}
