@@ -54,13 +54,17 @@ rules:
 	@if [ -d alerts ] && ls alerts/*.rules.yml >/dev/null 2>&1; then \
 	  promtool check rules alerts/*.rules.yml && promtool test rules alerts/*_test.yml; fi
 
-# The whole loop with real processes (e2e/loop_test.go): a simulated node,
-# the exporter, Prometheus with alerts/, Alertmanager and the remediator.
-# GPU_ORPHAN_E2E_REQUIRED makes a missing Prometheus or Alertmanager a
-# failure instead of a skip; the stage timings go to .run/e2e-summary.txt.
+# The whole loop with real processes, the stack of `make run`
+# (internal/stack): a simulated node, the exporter, Prometheus with
+# alerts/, Alertmanager and the remediator; e2e/ asserts the stages that
+# `make run` narrates, and runs gpu-orphan-demo itself. GPU_ORPHAN_E2E_REQUIRED
+# makes a missing Prometheus or Alertmanager a failure instead of a skip;
+# the stage timings go to .run/e2e-summary.txt, and are printed at the end.
 e2e: build deps
-	@if [ -d e2e ]; then GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
-	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; fi
+	@if [ -d e2e ]; then rm -f '$(RUN_DIR)/e2e-summary.txt'; \
+	  GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
+	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; rc=$$?; \
+	  cat '$(RUN_DIR)/e2e-summary.txt' 2>/dev/null; exit $$rc; fi
 
 # Each figure against its target (scripts/bench.sh); exits 1 on a miss, so
 # `make test` does not run it. Results go to .run/bench/; docs/benchmarks.md
@@ -78,10 +82,15 @@ SOAK_DURATION ?= 10m
 soak:
 	@SOAK_DURATION='$(SOAK_DURATION)' SOAK_REPORT='$(RUN_DIR)/soak.txt' ./scripts/soak.sh
 
-# The loop on this machine, narrated; Ctrl+C stops it. RUN_ONCE=1 exits 0
-# once the memory is back (a smoke test).
+# The loop on this machine, narrated by cmd/gpu-orphan-demo (a developer's
+# tool, so not in BINARIES) on internal/stack; Ctrl+C stops it. RUN_ONCE=1
+# exits 0 once the memory is back (a smoke test). ACT=0, NODE_NAME,
+# RUN_TIMEOUT, SIM_GPU, SIM_MIB and EXPORTER_PORT etc. are read as well:
+# bin/gpu-orphan-demo --help.
 run: build deps
-	@RUN_DIR='$(RUN_DIR)' RUN_ONCE='$(RUN_ONCE)' ./scripts/run.sh $(BACKEND)
+	@$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/gpu-orphan-demo
+	@RUN_ONCE='$(RUN_ONCE)' $(BIN)/gpu-orphan-demo --backend='$(BACKEND)' --run.dir='$(RUN_DIR)' \
+	  --rules.file=alerts/gpu-orphan.rules.yml
 
 demo: run
 
