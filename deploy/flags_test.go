@@ -20,8 +20,9 @@ var (
 )
 
 // binaryFlags reads the long flag names a gpu-orphan binary declares, from
-// its cmd/ directory and the flags it shares through internal/cli. It
-// reads source rather than running --help, to keep the test fast.
+// its cmd/ directory and the flags it shares through internal/cli and
+// remediate/remediateflag. It reads source rather than running --help, to
+// keep the test fast.
 func binaryFlags(t *testing.T, binary string) map[string]bool {
 	t.Helper()
 	dir := filepath.Join("..", "cmd", binary)
@@ -30,6 +31,8 @@ func binaryFlags(t *testing.T, binary string) map[string]bool {
 		t.Fatalf("no binary %s: %s has no Go files", binary, dir)
 	}
 	shared, _ := filepath.Glob(filepath.Join("..", "internal", "cli", "*.go"))
+	remediation, _ := filepath.Glob(filepath.Join("..", "remediate", "remediateflag", "*.go"))
+	shared = append(shared, remediation...)
 	flags := map[string]bool{}
 	for _, f := range toolkitFlags {
 		flags[f] = true

@@ -34,6 +34,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -52,7 +53,7 @@ type flags struct {
 	storePath    *string
 	interval     *time.Duration
 	backend      *cli.Backend
-	remediation  *cli.Remediation
+	remediation  *remediateflag.Remediation
 	limits       limits.Config
 	dispatch     struct {
 		urlTemplate, targetsFile, tokenFile *string
@@ -84,7 +85,7 @@ func run() int {
 	f.storePath = app.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged.").Default("/var/lib/gpu-orphan/remediator.db").String()
 	f.interval = app.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s").Duration()
 	f.backend = cli.AddBackendFlags(app)
-	f.remediation = cli.AddRemediationFlags(app)
+	f.remediation = remediateflag.AddRemediatorFlags(app)
 	def := limits.DefaultConfig()
 	app.Flag("limit.cooldown", "Per-GPU pause after a cleanup that sent signals.").Default(def.Cooldown.String()).DurationVar(&f.limits.Cooldown)
 	app.Flag("limit.rate", "Cleanups per hour on this node (token bucket).").Default(fmt.Sprint(def.Rate)).Float64Var(&f.limits.Rate)
@@ -173,7 +174,7 @@ func serve(f *flags, logger *slog.Logger) error {
 			}
 			return nil
 		}
-		status.Act, status.Policy = *f.remediation.Act, *f.remediation.Policy
+		status.Act, status.Policy = f.remediation.Act, f.remediation.Policy
 	case "dispatcher":
 		d, fleet, err := dispatcherRole(ctx, f, st, metrics, logger)
 		if err != nil {
@@ -220,13 +221,13 @@ func serve(f *flags, logger *slog.Logger) error {
 
 	// Running cleanups get the grace period plus the verification time to
 	// finish on shutdown.
-	drain := *f.remediation.Grace + *f.remediation.VerifyTimeout + 5*time.Second
+	drain := f.remediation.Grace + f.remediation.VerifyTimeout + 5*time.Second
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan struct{})
 	go func() { eng.Run(engCtx, drain); close(engDone) }()
 
 	logger.Info("Starting gpu-orphan-remediator", "version", version.Info(), "role", *f.role, "node", *f.nodeName,
-		"act", *f.remediation.Act, "policy", *f.remediation.Policy, "store", *f.storePath)
+		"act", f.remediation.Act, "policy", f.remediation.Policy, "store", *f.storePath)
 	server := &http.Server{Handler: router, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(server, f.web, logger) }()

@@ -57,7 +57,7 @@ func (g gpuSet) KnownGPU(uuid string) bool {
 // the caller closes once running actions are done.
 func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, m *remediate.Metrics, logger *slog.Logger) (*cleanup.Node, gpuSet, *limits.Limiter, error) {
 	fs := opened.Proc
-	loop := snapshot.NewLoop(opened.Taker, *f.interval, *f.remediation.MinBytes)
+	loop := snapshot.NewLoop(opened.Taker, *f.interval, f.remediation.MinBytes)
 	loop.Refresh(ctx, false)
 	go loop.Run(ctx)
 
@@ -70,12 +70,12 @@ func nodeRole(ctx context.Context, f *flags, opened *cli.Node, st *store.Store, 
 	node := cleanup.New(cleanup.Config{
 		Snapshots: loop, Proc: fs,
 		Decide: decideCfg,
-		Ladder: &kill.Ladder{Grace: *f.remediation.Grace, Proc: fs, Logger: logger,
+		Ladder: &kill.Ladder{Grace: f.remediation.Grace, Proc: fs, Logger: logger,
 			Groups: fs, Exclude: decideCfg.Rules().Why},
-		Limiter: limiter, Act: *f.remediation.Act, VerifyTimeout: *f.remediation.VerifyTimeout,
+		Limiter: limiter, Act: f.remediation.Act, VerifyTimeout: f.remediation.VerifyTimeout,
 		Recorder: st, Metrics: m, Logger: logger,
 	})
-	if !*f.remediation.Act {
+	if !f.remediation.Act {
 		logger.Warn("Dry run: plans are recorded, nothing is signalled. Start with --act to clean up.")
 	}
 	return node, newGPUSet(loop), limiter, nil

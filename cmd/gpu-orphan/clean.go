@@ -17,6 +17,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
+	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -28,7 +29,7 @@ type auditRecord interface {
 
 // runClean runs the remediator's decision and kill ladder by hand: the
 // plan first, then (with --act) the signals and the verified result.
-func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpuID, storePath string) int {
+func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remediation, gpuID, storePath string) int {
 	w := os.Stdout
 	opened, err := backend.Open(logger)
 	if err != nil {
@@ -55,21 +56,21 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 	cfg := r.DecideConfig()
 	node := cleanup.New(cleanup.Config{
 		Snapshots: cleanup.Once{Taker: opened.Taker, OrphanBytes: cfg.MinBytes}, Proc: fs, Decide: cfg,
-		Ladder:        &kill.Ladder{Grace: *r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
-		Act:           *r.Act,
-		VerifyTimeout: *r.VerifyTimeout,
+		Ladder:        &kill.Ladder{Grace: r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
+		Act:           r.Act,
+		VerifyTimeout: r.VerifyTimeout,
 		Recorder:      audit,
 		Logger:        logger,
 	})
 	plan := node.Plan(ctx, gpuID)
-	writePlan(w, plan, *r.Act)
+	writePlan(w, plan, r.Act)
 	if !plan.Act {
 		if plan.SkipReason == decide.SkipGPUNotFound || plan.SkipReason == decide.SkipSnapshotUnhealthy {
 			return 1
 		}
 		return 0
 	}
-	if !*r.Act {
+	if !r.Act {
 		fmt.Fprintln(w, "\nDry run: nothing was signalled. Run again with --act to do this.")
 		return 0
 	}
@@ -85,7 +86,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *cli.Remediation, gpu
 		}
 		a.ID = id
 	}
-	fmt.Fprintf(w, "\nSignalling (SIGTERM, then SIGKILL after %s)...\n", *r.Grace)
+	fmt.Fprintf(w, "\nSignalling (SIGTERM, then SIGKILL after %s)...\n", r.Grace)
 	a = node.Act(ctx, a, plan)
 	writeResult(w, a)
 	if a.State != remediate.StateSucceeded {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -30,12 +31,12 @@ func run(args []string) int {
 	app.HelpFlag.Short('h')
 
 	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
-	psOutput := ps.Flag("output", "Output format: table or json.").Short('o').Default("table").Enum("table", "json")
+	psOutput := cli.Enum(ps.Flag("output", "Output format: table or json.").Short('o').Default("table"), "table", "json")
 
 	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts.")
 	cleanGPU := clean.Flag("gpu", "The GPU: its index or UUID.").Required().String()
 	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path).").String()
-	cleanFlags := cli.AddCleanFlags(clean)
+	cleanFlags := remediateflag.AddCleanFlags(clean)
 
 	cmd, err := app.Parse(args)
 	if err != nil {

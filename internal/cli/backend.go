@@ -22,30 +22,37 @@ type flagger interface {
 	Flag(name, help string) *kingpin.FlagClause
 }
 
-// Backend is the set of flags that choose where GPU facts come from.
+// Backend says where GPU facts come from: the flags --backend, --sim.root
+// and --path.procfs, and the snapshot's tuning.
 type Backend struct {
-	Kind          *string
-	SimRoot       *string
-	ProcFS        *string
-	DriverTimeout *time.Duration
-	ScanBytes     *uint64
+	// Kind is "nvml" (the real driver) or "sim" (a simulated node).
+	Kind string
+	// SimRoot is the simulated node's directory, for Kind "sim".
+	SimRoot string
+	// ProcFS is the procfs mountpoint.
+	ProcFS string
+	// DriverTimeout is the deadline of one read of every GPU.
+	DriverTimeout time.Duration
+	// ScanBytes: scan /proc/*/fd when a GPU's memory with no live owner
+	// exceeds it.
+	ScanBytes uint64
 }
 
 // AddBackendFlags registers --backend, --sim.root, --path.procfs and the
-// snapshot tuning flags.
+// snapshot tuning flags; the Backend holds their values after parsing.
 func AddBackendFlags(a flagger) *Backend {
-	return &Backend{
-		Kind: a.Flag("backend", "Where GPU facts come from: nvml (the real driver) or sim (a simulated node, for machines without a GPU; see --sim.root).").
-			Default("nvml").Enum("nvml", "sim"),
-		SimRoot: a.Flag("sim.root", "Directory of the simulated node (made by `gpu-orphan-sim init`); used with --backend=sim.").
-			Default("").String(),
-		ProcFS: a.Flag("path.procfs", "procfs mountpoint. It must show the host's PID namespace, where NVML's PIDs live.").
-			Default("/proc").String(),
-		DriverTimeout: a.Flag("nvml.timeout", "Deadline for one read of every GPU through the driver; a hung call fails that read.").
-			Default("5s").Duration(),
-		ScanBytes: a.Flag("scan.unowned-bytes", "Scan /proc/*/fd for holders of a GPU when its memory with no live owner exceeds this many bytes, even if NVML lists no dead PID.").
-			Default("268435456").Uint64(),
-	}
+	b := &Backend{}
+	EnumVar(a.Flag("backend", "Where GPU facts come from: nvml (the real driver) or sim (a simulated node, for machines without a GPU; see --sim.root).").
+		Default("nvml"), &b.Kind, "nvml", "sim")
+	a.Flag("sim.root", "Directory of the simulated node (made by `gpu-orphan-sim init`); used with --backend=sim.").
+		Default("").StringVar(&b.SimRoot)
+	a.Flag("path.procfs", "procfs mountpoint. It must show the host's PID namespace, where NVML's PIDs live.").
+		Default("/proc").StringVar(&b.ProcFS)
+	DurationVar(a.Flag("nvml.timeout", "Deadline for one read of every GPU through the driver; a hung call fails that read.").
+		Default("5s"), &b.DriverTimeout)
+	BytesVar(a.Flag("scan.unowned-bytes", "Scan /proc/*/fd for holders of a GPU when its memory with no live owner exceeds this many bytes (or a size with a unit: 256MiB, 1GiB), even if NVML lists no dead PID.").
+		Default("256MiB"), &b.ScanBytes)
+	return b
 }
 
 // Node is an opened backend: the driver, /proc, and a Taker over both.
@@ -58,14 +65,14 @@ type Node struct {
 // Open loads the driver and /proc. Close the Node's Driver when done.
 func (b *Backend) Open(logger *slog.Logger) (*Node, error) {
 	var driver gpu.Driver
-	switch *b.Kind {
+	switch b.Kind {
 	case "sim":
-		if *b.SimRoot == "" {
+		if b.SimRoot == "" {
 			return nil, fmt.Errorf("--backend=sim needs --sim.root=DIR (create one with `gpu-orphan-sim init --root DIR --gpus N`)")
 		}
-		d, err := sim.NewDriver(*b.SimRoot)
+		d, err := sim.NewDriver(b.SimRoot)
 		if err != nil {
-			return nil, fmt.Errorf("opening the simulated node at %s: %w", *b.SimRoot, err)
+			return nil, fmt.Errorf("opening the simulated node at %s: %w", b.SimRoot, err)
 		}
 		driver = d
 	default:
@@ -75,16 +82,16 @@ func (b *Backend) Open(logger *slog.Logger) (*Node, error) {
 		}
 		driver = d
 	}
-	fs, err := proc.NewFS(*b.ProcFS)
+	fs, err := proc.NewFS(b.ProcFS)
 	if err != nil {
 		driver.Close()
-		return nil, fmt.Errorf("opening procfs at %s: %w", *b.ProcFS, err)
+		return nil, fmt.Errorf("opening procfs at %s: %w", b.ProcFS, err)
 	}
 	taker := snapshot.NewTaker(snapshot.Config{
 		Driver:           driver,
 		Proc:             fs,
-		DriverTimeout:    *b.DriverTimeout,
-		ScanUnownedBytes: *b.ScanBytes,
+		DriverTimeout:    b.DriverTimeout,
+		ScanUnownedBytes: b.ScanBytes,
 		ExcludePIDs:      []int{os.Getpid()},
 		Logger:           logger,
 	})

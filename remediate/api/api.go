@@ -31,13 +31,13 @@ type Breaker interface {
 
 // Status is what GET /api/v1/status reports.
 type Status struct {
-	Role        string `json:"role"`
-	Node        string `json:"node,omitempty"`
-	Act         bool   `json:"act"`
-	Policy      string `json:"policy,omitempty"`
-	BreakerOpen bool   `json:"breaker_open"`
-	StoreError  string `json:"store_error,omitempty"`
-	QueueDepth  int    `json:"queue_depth"`
+	Role        string           `json:"role"`
+	Node        string           `json:"node,omitempty"`
+	Act         bool             `json:"act"`
+	Policy      remediate.Policy `json:"policy,omitempty"`
+	BreakerOpen bool             `json:"breaker_open"`
+	StoreError  string           `json:"store_error,omitempty"`
+	QueueDepth  int              `json:"queue_depth"`
 }
 
 // Config wires the API.
