@@ -30,8 +30,8 @@ func run() int {
 	app := kingpin.New("gpu-orphan-exporter", "Exports GPU memory that no live process owns (its creator is dead, yet forked children still hold it), and the processes that hold it.\n\nOn a machine without a GPU, run it on a simulated node: gpu-orphan-sim init --root DIR --gpus 2; gpu-orphan-exporter --backend=sim --sim.root=DIR")
 	webFlags := kingpinflag.AddFlags(app, ":9835")
 	telemetryPath := app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
-	interval := app.Flag("collector.interval", "How often to take a snapshot of NVML and /proc in the background; scrapes serve the latest one.").Default("5s").Duration()
-	orphanBytes := app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process.").Default("268435456").Uint64()
+	interval := cli.Duration(app.Flag("collector.interval", "How often to take a snapshot of NVML and /proc in the background; scrapes serve the latest one.").Default("5s"))
+	orphanBytes := cli.Bytes(app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process. Bytes, or a size with a unit: 256MiB, 1GiB.").Default("256MiB"))
 	backend := cli.AddBackendFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
@@ -82,7 +82,10 @@ func run() int {
 		logger.Info("Shutting down")
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		server.Shutdown(shutdownCtx)
+		// Connections still open at the deadline end with the process.
+		if err := server.Shutdown(shutdownCtx); err != nil {
+			logger.Error("HTTP server did not shut down cleanly", "err", err)
+		}
 	}
 	return 0
 }
