@@ -478,8 +478,12 @@ func pickPort(what string, ports []int, taken ...string) (string, error) {
 			return addr, nil
 		}
 	}
-	return "", fmt.Errorf("%s: port %v in use (another gpu-orphan, or a make run still running?): ss -ltnp 'sport = :%d'",
-		what, ports, ports[0])
+	var list []string
+	for _, p := range ports {
+		list = append(list, strconv.Itoa(p))
+	}
+	return "", fmt.Errorf("%s: port %s in use (another gpu-orphan, or a make run still running?): ss -ltnp 'sport = :%d'",
+		what, strings.Join(list, " and "), ports[0])
 }
 
 // fill writes tmpl with its @KEY@ placeholders replaced to dst, and fails
