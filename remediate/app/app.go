@@ -1,0 +1,239 @@
+// Package app is the remediator: it wires the audit store, authentication,
+// the role (a node's cleanup, or the fleet's dispatcher), the queue runner
+// and the HTTP API, serves until its context ends, and shuts down so that
+// running cleanups finish. cmd/gpu-orphan-remediator parses the flags into
+// Options and calls Run.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/api"
+	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
+	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// Role is what the remediator does with the alerts it accepts.
+type Role string
+
+const (
+	// RoleNode acts on this node.
+	RoleNode Role = "node"
+	// RoleDispatcher routes each alert to the remediator of its node.
+	RoleDispatcher Role = "dispatcher"
+)
+
+// Options configure the remediator. Each field has the flag of the same
+// meaning in cmd/gpu-orphan-remediator.
+type Options struct {
+	// Web is exporter-toolkit's serving configuration: listen addresses,
+	// systemd socket activation, and the web config file (TLS, basic auth,
+	// client certificates).
+	Web *web.FlagConfig
+	// Auth is the bearer token's file and the failure limit; a token, a
+	// web config or Auth.InsecureNone is required.
+	Auth         intake.AuthConfig
+	MaxBodyBytes int64
+
+	Role Role
+	// NodeName is this node's name, as alerts carry it in NodeLabel.
+	NodeName             string
+	NodeLabel, UUIDLabel string
+	// StorePath is the audit database; its directory is created if need
+	// be, once everything else checked out.
+	StorePath string
+
+	// The node's cleanup.
+	Backend cli.Backend
+	// Interval is the background snapshot's, which runs the age clocks.
+	Interval      time.Duration
+	Decide        decide.Config
+	Act           bool
+	Grace         time.Duration
+	VerifyTimeout time.Duration
+	Limits        limits.Config
+
+	// Dispatch is the dispatcher's routing and fleet limits.
+	Dispatch Dispatch
+
+	Logger *slog.Logger
+}
+
+// Dispatch configures RoleDispatcher.
+type Dispatch struct {
+	// URLTemplate builds a node's base URL from {{.Node}}.
+	URLTemplate string
+	// TargetsFile is a JSON object of node name to base URL.
+	TargetsFile string
+	// TokenFile holds the bearer token sent to node agents.
+	TokenFile   string
+	MaxNodes    int
+	MaxFraction float64
+	Window      time.Duration
+	// Timeout bounds one request to a node agent.
+	Timeout     time.Duration
+	MaxAttempts int
+}
+
+// role is one role, wired: what executes claimed actions, which alerts to
+// accept, the breaker the API resets, and when the remediator is ready.
+type role struct {
+	exec     engine.Executor
+	classify intake.Classifier
+	breaker  api.Breaker
+	resolved func(store.Alert)
+	ready    func() error
+}
+
+// Run serves until ctx ends, then lets running cleanups finish (their
+// grace and verification, plus 5 s) before it returns. Everything that can
+// be checked without the audit store (authentication, the token files, the
+// backend, the dispatcher's routes) is checked before the store is
+// created, so a start that fails leaves no database behind.
+func Run(ctx context.Context, o Options) error {
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	webConfigFile := ""
+	if o.Web != nil && o.Web.WebConfigFile != nil {
+		webConfigFile = *o.Web.WebConfigFile
+	}
+	if o.Auth.TokenFile == "" && webConfigFile == "" && !o.Auth.InsecureNone {
+		return errors.New("authentication is required: give --auth.token-file (and/or client certificates through --web.config.file), or --auth.insecure-none for a local experiment")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(versioncollector.NewCollector("gpu_orphan_remediator"), collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := remediate.NewMetrics(reg)
+	auth, err := intake.NewAuth(o.Auth, metrics, logger)
+	if err != nil {
+		return err
+	}
+	if o.Auth.InsecureNone {
+		logger.Warn("Authentication is OFF (--auth.insecure-none): anyone who reaches this port can trigger cleanups")
+	}
+
+	// The role's checks, then the store, then the role's wiring to it.
+	var (
+		wire    func(st *store.Store) (role, error)
+		release func()
+	)
+	switch o.Role {
+	case RoleNode:
+		wire, release, err = nodeRole(ctx, o, metrics, logger)
+	case RoleDispatcher:
+		wire, err = dispatcherRole(ctx, o, metrics, logger)
+	default:
+		err = fmt.Errorf("unknown role %q: want %s or %s", o.Role, RoleNode, RoleDispatcher)
+	}
+	if err != nil {
+		return err
+	}
+	if release != nil {
+		// Closed last: verifications of running actions still read the
+		// driver while the engine drains at shutdown.
+		defer release()
+	}
+	if err := os.MkdirAll(filepath.Dir(o.StorePath), 0o750); err != nil {
+		return fmt.Errorf("creating the directory of --store.path: %w", err)
+	}
+	st, err := store.Open(ctx, o.StorePath)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	r, err := wire(st)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, o, st, r, auth, reg, metrics, logger)
+}
+
+// serve runs the queue and the HTTP API until ctx ends.
+func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake.Auth, reg *prometheus.Registry, metrics *remediate.Metrics, logger *slog.Logger) error {
+	eng := engine.New(st, r.exec, 0, metrics, logger)
+	if err := eng.Recover(ctx); err != nil {
+		return fmt.Errorf("marking interrupted actions: %w", err)
+	}
+	status := api.Status{Role: string(o.Role), Node: o.NodeName}
+	if o.Role == RoleNode {
+		status.Act, status.Policy = o.Act, o.Decide.Policy
+	}
+	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.classify, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
+		Resolved: r.resolved, Metrics: metrics, Logger: logger})
+	router, err := api.NewRouter(api.Config{
+		Webhook: webhook, Auth: auth, Store: st, Breaker: r.breaker, Registry: reg, Logger: logger,
+		Ready: func() error {
+			if err := eng.StoreErr(); err != nil {
+				return fmt.Errorf("audit store: %w", err)
+			}
+			if r.ready != nil {
+				return r.ready()
+			}
+			return nil
+		},
+		Status: func(ctx context.Context) api.Status {
+			s := status
+			s.BreakerOpen = r.breaker.BreakerOpen()
+			if err := eng.StoreErr(); err != nil {
+				s.StoreError = err.Error()
+			}
+			s.QueueDepth, _ = st.QueueDepth(ctx)
+			return s
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	// Running cleanups get the grace period plus the verification time to
+	// finish on shutdown.
+	drain := o.Grace + o.VerifyTimeout + 5*time.Second
+	engCtx, stopEngine := context.WithCancel(context.WithoutCancel(ctx))
+	engDone := make(chan struct{})
+	go func() { eng.Run(engCtx, drain); close(engDone) }()
+
+	logger.Info("Starting gpu-orphan-remediator", "version", version.Info(), "role", o.Role, "node", o.NodeName,
+		"act", o.Act, "policy", o.Decide.Policy, "store", o.StorePath)
+	server := &http.Server{Handler: router, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- web.ListenAndServe(server, o.Web, logger) }()
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		logger.Info("Shutting down: finishing running actions")
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Connections still open at the deadline end with the process.
+		if err := server.Shutdown(shutdownCtx); err != nil {
+			logger.Error("HTTP server did not shut down cleanly", "err", err)
+		}
+		cancel()
+	}
+	// Let running cleanups finish their ladder and verification; an action
+	// cut short here is marked interrupted at the next start.
+	stopEngine()
+	<-engDone
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
