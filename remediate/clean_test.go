@@ -1,6 +1,7 @@
 package remediate_test
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -38,8 +39,9 @@ func TestCleanByHand(t *testing.T) {
 		}
 	}
 
-	if out, err := run("--gpu", "GPU-no-such-gpu"); err == nil || !strings.Contains(out, "gpu_not_found") {
-		t.Errorf("an unknown GPU: %v\n%s", err, out)
+	var exit *exec.ExitError
+	if out, err := run("--gpu", "GPU-no-such-gpu"); !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "no GPU GPU-no-such-gpu on this node (it has GPUs 0-1)") {
+		t.Errorf("an unknown GPU: %v, want exit 2 naming the node's GPUs\n%s", err, out)
 	}
 
 	storePath := filepath.Join(t.TempDir(), "audit.db")

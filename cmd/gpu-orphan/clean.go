@@ -7,12 +7,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -41,8 +44,37 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	cfg := r.DecideConfig()
+	snapshots := cleanup.Once{Taker: opened.Taker, OrphanBytes: cfg.MinBytes}
+	nodeCfg := cleanup.Config{
+		Snapshots: snapshots, Proc: fs, Decide: cfg,
+		Ladder:        &kill.Ladder{Grace: r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
+		Act:           r.Act,
+		VerifyTimeout: r.VerifyTimeout,
+		Logger:        logger,
+	}
+	s := snapshots.Refresh(ctx, true)
+	plan := cleanup.New(nodeCfg).PlanFrom(s, gpuID)
+	// A snapshot that lists GPUs, none of them this one, says so whatever
+	// else it failed to see; an empty list is trusted only when healthy.
+	if _, found := s.GPUByID(gpuID); !found && (len(s.GPUs) > 0 || plan.SkipReason == decide.SkipGPUNotFound) {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: no GPU %s on this node (%s)\n", gpuID, describeGPUs(s))
+		return 2
+	}
+	writePlan(w, plan, r.Act)
+	if !plan.Act {
+		if plan.SkipReason == decide.SkipSnapshotUnhealthy {
+			return 1
+		}
+		return 0
+	}
+	if !r.Act {
+		fmt.Fprintln(w, "\nDry run: nothing was signalled. Run again with --act to do this.")
+		return 0
+	}
 	// With --store.path the action is recorded as the remediator records
-	// its own; without, it is only printed.
+	// its own; without, it is only printed. The store is opened only now,
+	// to act: a plan that does not act leaves no database behind.
 	var audit auditRecord
 	if storePath != "" {
 		st, err := store.Open(ctx, storePath)
@@ -52,28 +84,9 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		}
 		defer st.Close()
 		audit = st
+		nodeCfg.Recorder = st
 	}
-	cfg := r.DecideConfig()
-	node := cleanup.New(cleanup.Config{
-		Snapshots: cleanup.Once{Taker: opened.Taker, OrphanBytes: cfg.MinBytes}, Proc: fs, Decide: cfg,
-		Ladder:        &kill.Ladder{Grace: r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
-		Act:           r.Act,
-		VerifyTimeout: r.VerifyTimeout,
-		Recorder:      audit,
-		Logger:        logger,
-	})
-	plan := node.Plan(ctx, gpuID)
-	writePlan(w, plan, r.Act)
-	if !plan.Act {
-		if plan.SkipReason == decide.SkipGPUNotFound || plan.SkipReason == decide.SkipSnapshotUnhealthy {
-			return 1
-		}
-		return 0
-	}
-	if !r.Act {
-		fmt.Fprintln(w, "\nDry run: nothing was signalled. Run again with --act to do this.")
-		return 0
-	}
+	node := cleanup.New(nodeCfg)
 	a := remediate.Action{Node: hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
 		State: remediate.StateRunning, Source: "cli", StartedAt: time.Now()}
 	before := plan.Before
@@ -154,6 +167,37 @@ func writeResult(w io.Writer, a remediate.Action) {
 	if a.ID != "" {
 		fmt.Fprintf(w, "Recorded as action %s.\n", a.ID)
 	}
+}
+
+// describeGPUs says which GPUs a snapshot shows: "it has GPUs 0-1",
+// "it has GPUs 0, 2-3", "it has GPU 0", "it has no GPUs".
+func describeGPUs(s *snapshot.Snapshot) string {
+	var idx []int
+	for _, g := range s.GPUs {
+		idx = append(idx, g.Device.Index)
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	switch len(idx) {
+	case 0:
+		return "it has no GPUs"
+	case 1:
+		return fmt.Sprintf("it has GPU %d", idx[0])
+	}
+	var runs []string
+	for i := 0; i < len(idx); {
+		j := i
+		for j+1 < len(idx) && idx[j+1] == idx[j]+1 {
+			j++
+		}
+		if j == i {
+			runs = append(runs, strconv.Itoa(idx[i]))
+		} else {
+			runs = append(runs, fmt.Sprintf("%d-%d", idx[i], idx[j]))
+		}
+		i = j + 1
+	}
+	return "it has GPUs " + strings.Join(runs, ", ")
 }
 
 func hostname() string {
