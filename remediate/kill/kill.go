@@ -242,7 +242,7 @@ func (l *Ladder) terminate(ctx context.Context, pfs procfs.FS, r *run) {
 	}
 	// A stopped process keeps SIGTERM pending until it is continued.
 	if err := l.signal(r, unix.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {
-		l.logger().Warn("sending SIGCONT", "pid", t.PID, "err", err)
+		l.logger().Warn("Sending SIGCONT failed", "pid", t.PID, "err", err)
 	}
 }
 
@@ -301,7 +301,7 @@ func (l *Ladder) stillAlive(pfs procfs.FS, t *remediate.Target, err error) {
 		}
 	}
 	t.Error = msg
-	l.logger().Warn("target outlived the kill ladder", "pid", t.PID, "comm", t.Comm, "err", msg)
+	l.logger().Warn("Target outlived the kill ladder", "pid", t.PID, "comm", t.Comm, "err", msg)
 }
 
 // signal sends sig through the run's pidfd and records it.
@@ -310,7 +310,7 @@ func (l *Ladder) signal(r *run, sig unix.Signal) error {
 		return fmt.Errorf("pidfd_send_signal(%d, %s): %w", r.t.PID, unix.SignalName(sig), err)
 	}
 	r.t.Signals = append(r.t.Signals, unix.SignalName(sig))
-	l.logger().Info("signalled", "pid", r.t.PID, "comm", r.t.Comm, "signal", unix.SignalName(sig))
+	l.logger().Info("Process signalled", "pid", r.t.PID, "comm", r.t.Comm, "signal", unix.SignalName(sig))
 	if l.OnSignal != nil {
 		l.OnSignal(r.t.PID, sig)
 	}
@@ -345,13 +345,13 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 	for _, pgid := range pgids {
 		members, err := l.Groups.GroupMembers(pgid)
 		if err != nil {
-			l.logger().Warn("re-listing a process group killed whole", "pgid", pgid, "err", err)
+			l.logger().Warn("Re-listing a process group killed whole failed", "pgid", pgid, "err", err)
 			continue
 		}
 		// The plan's rule holds for newcomers too: a group whose leader
 		// lives and is not a target is the user's.
 		if i := slices.IndexFunc(members, func(m proc.Process) bool { return m.PID == pgid }); i >= 0 && !known[pgid] {
-			l.logger().Warn("process group not re-listed: its leader is alive and not a target", "pgid", pgid, "leader", members[i].Comm)
+			l.logger().Warn("Process group not re-listed: its leader is alive and not a target", "pgid", pgid, "leader", members[i].Comm)
 			continue
 		}
 		for _, m := range members {
@@ -364,7 +364,7 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 				why = excluded(m)
 			}
 			if why != "" {
-				l.logger().Warn("late group member left alone", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "why", why)
+				l.logger().Warn("Late group member left alone", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "why", why)
 				continue
 			}
 			late = append(late, remediate.Target{ProcessInfo: remediate.NewProcessInfo(m), Reason: ReasonLateGroupMember, WholeGroup: true})
