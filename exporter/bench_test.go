@@ -24,8 +24,8 @@ import (
 )
 
 // The benchmark node: 8 simulated GPUs, a few workloads of which two are
-// FACTS.md's fork-orphan case (creator killed, forked children still hold
-// the context), and, like FACTS.md's measurement machine, 2,000 other
+// docs/facts.md's fork-orphan case (creator killed, forked children still hold
+// the context), and, like docs/facts.md's measurement machine, 2,000 other
 // processes holding ~24 descriptors each (~48,000 links for every fd scan).
 const (
 	benchGPUs     = 8

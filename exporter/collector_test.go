@@ -23,7 +23,7 @@ func (s staticSource) OrphanBytes() uint64        { return 256 * gpu.MiB }
 
 var taken = time.Unix(1_800_000_000, 0)
 
-// forkOrphan is FACTS.md's fork case after SIGKILL of the creator on GPU 0,
+// forkOrphan is docs/facts.md's fork case after SIGKILL of the creator on GPU 0,
 // a MIG GPU 1 and an unreadable GPU 2.
 func forkOrphan() *snapshot.Snapshot {
 	child := proc.Process{PID: 5001, PPID: 1, PGID: 5000, SID: 4000, State: "S", User: "alice", Comm: "python3",

@@ -102,7 +102,7 @@ func TestHardeningScrapeUnderChurn(t *testing.T) {
 	ch := startChurner(t, hardenProcs)
 	rampStart := time.Now()
 	root := testenv.SimNode(t, 2)
-	// GPU 0: a live job (its creator and a worker). GPU 1: FACTS.md's fork
+	// GPU 0: a live job (its creator and a worker). GPU 1: docs/facts.md's fork
 	// case, the creator killed, two workers still holding its context, so
 	// NVML lists a dead PID and every snapshot scans /proc/*/fd.
 	testenv.StartWorkload(t, root, 0, 2048, 1)

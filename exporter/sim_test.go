@@ -16,7 +16,7 @@ import (
 )
 
 // TestSimForkOrphan runs the real exporter binary on a simulated node with
-// a real workload: FACTS.md's fork case, end to end.
+// a real workload: docs/facts.md's fork case, end to end.
 func TestSimForkOrphan(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")

@@ -23,7 +23,7 @@ type Device struct {
 }
 
 // Memory is NVML's memory info v2, in bytes. v1 counts the driver's
-// reservation in Used; v2 does not (FACTS.md).
+// reservation in Used; v2 does not (docs/facts.md).
 type Memory struct {
 	Total    uint64
 	Reserved uint64

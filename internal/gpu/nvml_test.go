@@ -17,7 +17,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
-// Figures from FACTS.md's table (one H200, driver 580), in MiB.
+// Figures from docs/facts.md's table (one H200, driver 580), in MiB.
 const (
 	h200TotalMiB    = 144384 // what the dgxh200 mock reports
 	h200ReservedMiB = 615
@@ -59,7 +59,7 @@ type handleState struct {
 	computeRet, graphicsRet, mpsRet nvml.Return
 }
 
-// idleHandle is FACTS.md's idle row, with graphics and MPS lists supported
+// idleHandle is docs/facts.md's idle row, with graphics and MPS lists supported
 // but empty.
 func idleHandle() handleState { return handleState{mem: nvmlMem(0)} }
 

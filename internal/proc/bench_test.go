@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// The benchmark load: like FACTS.md's measurement machine, ~2,000 processes
+// The benchmark load: like docs/facts.md's measurement machine, ~2,000 processes
 // holding ~48,000 descriptors, a few of them holding the target.
 const (
 	benchProcs     = 2000

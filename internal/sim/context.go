@@ -23,7 +23,7 @@ import (
 // opened: the creator takes flock(LOCK_SH) on it, and the lock belongs to the
 // open file description, which forked or exec'd children share. So the lock
 // goes away exactly when the last holder closes it, as the real driver frees
-// a context's memory when its last descriptor closes (FACTS.md).
+// a context's memory when its last descriptor closes (docs/facts.md).
 type Context struct {
 	GPU int `json:"gpu"`
 	// PID and StartTime (field 22 of /proc/PID/stat) name the creator, which

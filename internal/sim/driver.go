@@ -101,7 +101,7 @@ func device(g GPU) gpu.Device {
 // reading is NVML's view of one GPU given the node's live contexts: each
 // context costs its allocation plus an overhead charged to no process, and
 // is listed under its creator's PID for as long as it lives, even after the
-// creator is gone (FACTS.md).
+// creator is gone (docs/facts.md).
 func reading(g GPU, ctxs []Context) gpu.Reading {
 	r := gpu.Reading{Device: device(g)}
 	if g.MIG {

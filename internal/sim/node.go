@@ -1,5 +1,5 @@
 // Package sim is a simulated GPU node: a stand-in for NVML on machines
-// without a GPU that keeps NVML's measured accounting (FACTS.md), including
+// without a GPU that keeps NVML's measured accounting (docs/facts.md), including
 // memory that outlives its creator while a forked child holds the context.
 //
 // A node is a directory:
@@ -23,7 +23,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 )
 
-// Sizes of one simulated NVIDIA H200, as NVML reports them (FACTS.md).
+// Sizes of one simulated NVIDIA H200, as NVML reports them (docs/facts.md).
 const (
 	TotalBytes    = 143771 * gpu.MiB
 	ReservedBytes = 615 * gpu.MiB

@@ -13,7 +13,7 @@ import (
 const (
 	// ReasonInheritedFromDeadOwner: the process holds the GPU's device node,
 	// NVML does not list it, and NVML lists a dead PID on that GPU. This is
-	// a forked child keeping a dead creator's context alive (FACTS.md).
+	// a forked child keeping a dead creator's context alive (docs/facts.md).
 	ReasonInheritedFromDeadOwner = "inherited_from_dead_owner"
 	// ReasonOrphaned: NVML lists the process and it is alive, but its session
 	// leader died and it was reparented to init or a subreaper.

@@ -165,7 +165,7 @@ func (t *Taker) pidsVisible() (bool, error) {
 // account splits one GPU's used memory by the liveness of its owners. A
 // listed PID is a live owner only when a live process has it and holds the
 // GPU's device node: after a dead owner's PID is reused, the newcomer does
-// not (FACTS.md, measured on the H200).
+// not (docs/facts.md, measured on the H200).
 func (t *Taker) account(r gpu.Reading, pidsVisible bool) (GPU, int) {
 	g := GPU{Device: r.Device, Memory: r.Memory, Unsupported: r.Unsupported, Err: r.Err}
 	if !g.Accountable() {

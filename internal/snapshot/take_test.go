@@ -186,7 +186,7 @@ func zombiePID(t *testing.T) int {
 }
 
 // orphanedPID returns a live process whose session leader has died and
-// which was reparented out of its session, as FACTS.md's "spawn child S
+// which was reparented out of its session, as docs/facts.md's "spawn child S
 // with its own context, then SIGKILL of parent" row.
 func orphanedPID(t *testing.T, path string) int {
 	t.Helper()
@@ -232,7 +232,7 @@ func suspectReasons(g GPU) map[int]string {
 	return m
 }
 
-// TestAccountingFacts walks every row of FACTS.md's table as NVML reports
+// TestAccountingFacts walks every row of docs/facts.md's table as NVML reports
 // it, with real live, dead and orphaned processes behind the PIDs.
 func TestAccountingFacts(t *testing.T) {
 	type want struct {

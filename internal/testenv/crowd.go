@@ -11,7 +11,7 @@ import (
 )
 
 // Crowd is a node's worth of other processes: `sleep`s holding files, a
-// pipe and a socket, as FACTS.md's measurement machine had (~2,000
+// pipe and a socket, as docs/facts.md's measurement machine had (~2,000
 // processes, ~48,000 descriptors). Some of them may also hold a target.
 type Crowd struct {
 	Dir     string

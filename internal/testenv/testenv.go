@@ -170,7 +170,7 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 }
 
 // KillParent kills the creator with SIGKILL and reaps it, leaving the
-// children holding its context: FACTS.md's fork-orphan case.
+// children holding its context: docs/facts.md's fork-orphan case.
 func (w *Workload) KillParent(t testing.TB) {
 	t.Helper()
 	if err := w.Cmd.Process.Signal(syscall.SIGKILL); err != nil {

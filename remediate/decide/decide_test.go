@@ -115,7 +115,7 @@ func listed(groups map[int][]proc.Process) map[int]Group {
 	return out
 }
 
-// The cast of the fork-orphan case (FACTS.md): trainer 100 forked workers
+// The cast of the fork-orphan case (docs/facts.md): trainer 100 forked workers
 // 201 and 202 after CUDA init and was SIGKILLed; the workers, reparented to
 // init, keep its context. 203 is a non-GPU helper of the same job. 300 is
 // another user's healthy job.

@@ -330,7 +330,7 @@ func TestParseMessageAlertmanagerPayloads(t *testing.T) {
 // TestParseMessageAcceptsEveryContractField keeps ParseMessage in step
 // with Alertmanager's webhook contract: every JSON field that Message (and
 // so Alertmanager's own template.Data, webhook.Message) defines is accepted,
-// and the fields that FACTS.md and Alertmanager 0.35's docs list are all
+// and the fields that docs/facts.md and Alertmanager 0.35's docs list are all
 // among them. A downgrade of the alertmanager module that drops
 // notification_reason or routeLabels would fail here, not in production
 // with a final 400.
