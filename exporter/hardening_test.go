@@ -247,7 +247,12 @@ func TestHardeningScrapeUnderChurn(t *testing.T) {
 	if limit := 10*pct(first, 0.99) + 50*time.Millisecond; pct(last, 0.99) > limit {
 		t.Errorf("scrape p99 rose from %s (first quarter) to %s (last quarter), over %s", ms(pct(first, 0.99)), ms(pct(last, 0.99)), ms(limit))
 	}
-	if rssEnd >= hardenRSSMax {
+	switch {
+	case rssEnd < hardenRSSMax:
+	case testenv.RaceEnabled:
+		// The race detector's shadow memory multiplies the heap.
+		t.Logf("exporter VmRSS %s at the end, over %s: not checked in a -race build", mib(rssEnd), mib(hardenRSSMax))
+	default:
 		t.Errorf("exporter VmRSS %s at the end, want < %s", mib(rssEnd), mib(hardenRSSMax))
 	}
 	// The load was real: the processes churned throughout, and the loop kept

@@ -65,7 +65,7 @@ func build(name string) error {
 // checked for data races too.
 func buildArgs(name, out string) []string {
 	args := []string{"build"}
-	if raceEnabled {
+	if RaceEnabled {
 		args = append(args, "-race")
 	}
 	return append(args, "-o", out, "./cmd/"+name)

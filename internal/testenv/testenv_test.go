@@ -29,8 +29,8 @@ func TestBinBuildSettings(t *testing.T) {
 			settings[k] = v
 		}
 	}
-	if race := settings["-race"] == "true"; race != raceEnabled {
-		t.Errorf("binary built with -race=%v, tests with -race=%v", race, raceEnabled)
+	if race := settings["-race"] == "true"; race != RaceEnabled {
+		t.Errorf("binary built with -race=%v, tests with -race=%v", race, RaceEnabled)
 	}
 	want := os.Getenv("CGO_CFLAGS")
 	if want == "" {
