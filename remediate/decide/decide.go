@@ -75,7 +75,10 @@ type Config struct {
 	// exclude.DefaultProtected. To protect nothing beyond the fixed rules,
 	// pass an empty, non-nil slice.
 	Protected []string
-	// Self is the remediator; the zero value means the calling process.
+	// Self is the remediator. The zero value means the calling process,
+	// asked of the kernel (getpid, getsid): the one thing Decide looks up
+	// rather than takes, so that a forgotten Self can never target the
+	// remediator. Callers set it (remediateflag does).
 	Self exclude.Self
 }
 
