@@ -1,6 +1,7 @@
 package exporter_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -125,14 +126,71 @@ func TestDeadOwnerIdentity(t *testing.T) {
 				}
 			}
 
-			late := deadOwner(t, metricsURL(t, root), w.PID)
+			// gpu-orphan ps starts after the death: it asks the exporter.
+			d := psDeadOwner(t, root, url, w.PID)
+			if !d.Known || d.Comm != "gpu-orphan-sim" || d.SlurmJob != want["slurm_job"] || d.PodUID != want["pod_uid"] {
+				t.Errorf("ps -o json dead_owner = %+v, want the exporter's identity %v", d, want)
+			}
+
+			lateURL := metricsURL(t, root)
+			late := deadOwner(t, lateURL, w.PID)
 			for _, k := range []string{"comm", "user", "slurm_job", "pod_uid", "container_id"} {
 				if late[k] != "" {
 					t.Errorf("an exporter started after the owner died guessed %s=%q", k, late[k])
 				}
 			}
+			if d := psDeadOwner(t, root, lateURL, w.PID); d.Known || !strings.Contains(d.Unknown, "exporter started after the owner died") {
+				t.Errorf("ps asking the late exporter: %+v, want unknown (exporter started after the owner died)", d)
+			}
 		})
 	}
+}
+
+// psDeadOwner runs gpu-orphan ps -o json against the exporter at url and
+// returns the dead owner pid's identity.
+func psDeadOwner(t *testing.T, root, url string, pid int) struct {
+	Known                                        bool
+	Comm, User, SlurmJob, PodUID, Unknown, Table string
+} {
+	t.Helper()
+	var d struct {
+		Known                                        bool
+		Comm, User, SlurmJob, PodUID, Unknown, Table string
+	}
+	args := []string{"ps", "--backend=sim", "--sim.root=" + root, "--exporter.url=" + url}
+	out, _ := exec.Command(testenv.Bin(t, "gpu-orphan"), append(args, "-o", "json")...).Output()
+	var r struct {
+		GPUs []struct {
+			Owners []struct {
+				PID       int `json:"pid"`
+				DeadOwner *struct {
+					Known    bool   `json:"known"`
+					Comm     string `json:"comm"`
+					User     string `json:"user"`
+					SlurmJob string `json:"slurm_job"`
+					PodUID   string `json:"pod_uid"`
+					Unknown  string `json:"unknown"`
+				} `json:"dead_owner"`
+			} `json:"owners"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("ps -o json: %v\n%s", err, out)
+	}
+	for _, g := range r.GPUs {
+		for _, o := range g.Owners {
+			if o.PID == pid && o.DeadOwner != nil {
+				d.Known, d.Comm, d.User, d.SlurmJob, d.PodUID, d.Unknown = o.DeadOwner.Known, o.DeadOwner.Comm, o.DeadOwner.User,
+					o.DeadOwner.SlurmJob, o.DeadOwner.PodUID, o.DeadOwner.Unknown
+			}
+		}
+	}
+	table, _ := exec.Command(testenv.Bin(t, "gpu-orphan"), args...).Output()
+	d.Table = string(table)
+	if !strings.Contains(d.Table, fmt.Sprintf("left by PID %d: ", pid)) {
+		t.Errorf("ps does not say who left the memory:\n%s", table)
+	}
+	return d
 }
 
 // TestDeadOwnerPIDReused: the dead owner's PID is given to an unrelated

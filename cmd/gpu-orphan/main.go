@@ -32,6 +32,7 @@ func run(args []string) int {
 
 	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
 	psOutput := cli.Enum(ps.Flag("output", "Output format: table or json.").Short('o').Default("table"), "table", "json")
+	psExporter := ps.Flag("exporter.url", "The node's gpu-orphan-exporter metrics, asked who each dead owner was: it remembers owners while they live, and ps starts after the death. Empty: do not ask.").Default(defaultExporterURL).String()
 
 	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts.")
 	cleanGPU := clean.Flag("gpu", "The GPU: its index or UUID.").Required().String()
@@ -46,7 +47,7 @@ func run(args []string) int {
 	logger := promslog.New(logConfig)
 	switch cmd {
 	case ps.FullCommand():
-		return runPS(logger, backend, *psOutput)
+		return runPS(logger, backend, *psOutput, *psExporter)
 	case clean.FullCommand():
 		return runClean(logger, backend, cleanFlags, *cleanGPU, *cleanStore)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 )
 
-func runPS(logger *slog.Logger, backend *cli.Backend, output string) int {
+func runPS(logger *slog.Logger, backend *cli.Backend, output, exporterURL string) int {
 	node, err := backend.Open(logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
@@ -23,6 +23,7 @@ func runPS(logger *slog.Logger, backend *cli.Backend, output string) int {
 	defer node.Driver.Close()
 	s := node.Taker.Take(context.Background(), true)
 	r := NewReport(s, node.Driver.DevicePath)
+	nameDeadOwners(context.Background(), &r, exporterURL)
 	switch output {
 	case "json":
 		enc := json.NewEncoder(os.Stdout)
@@ -90,6 +91,11 @@ func writeTable(w io.Writer, r Report) {
 				owners = append(owners, fmt.Sprintf("%d %s (%s)", o.PID, mib(o.UsedBytes), ownerState(o)))
 			}
 			fmt.Fprintf(w, "  NVML lists: %s\n", strings.Join(owners, ", "))
+			for _, o := range g.Owners {
+				if o.DeadOwner != nil {
+					fmt.Fprintf(w, "  left by %s\n", describeDeadOwner(o.PID, o.DeadOwner))
+				}
+			}
 		}
 		if unreadable > 0 {
 			fmt.Fprintf(w, "  WARNING: holders may be missing: the descriptors of %d processes could not be read.\n", unreadable)

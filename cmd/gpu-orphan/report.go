@@ -68,6 +68,8 @@ type ReportOwner struct {
 	// ReusedBy is the unrelated live process that now has the PID of
 	// this dead owner; it holds no descriptor of the GPU.
 	ReusedBy *ReportProcessRef `json:"reused_by,omitempty"`
+	// DeadOwner, for a dead owner, is who it was (from the node's exporter).
+	DeadOwner *ReportDeadOwner `json:"dead_owner,omitempty"`
 }
 
 // ReportProcessRef names a process: (pid, start_time) is its identity even
