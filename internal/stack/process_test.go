@@ -67,8 +67,10 @@ func TestStopLeavesNothing(t *testing.T) {
 	if err := s.Stop(); err != nil {
 		t.Error(err)
 	}
-	if d := time.Since(t0); d > 5*time.Second {
-		t.Errorf("Stop took %s", d)
+	// A bound on hanging, not a speed test: -race on a loaded 2-CPU
+	// machine took 6.3 s for what takes 1 s idle.
+	if d := time.Since(t0); d > 30*time.Second {
+		t.Errorf("Stop took %s: it hangs", d)
 	}
 	if left := s.Remaining(); len(left) > 0 {
 		t.Errorf("processes %v remain after Stop", left)
