@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,17 +73,27 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 // ends.
 func TestStartCreatesTheStore(t *testing.T) {
 	storePath := filepath.Join(t.TempDir(), "var", "remediator.db")
+	wc := webConfig(t)
 	o := Options{
-		Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
+		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
 		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", Timeout: time.Second},
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, o) }()
-	testenv.Eventually(t, 10*time.Second, "the audit database to be created", func() bool {
-		_, err := os.Stat(storePath)
-		return err == nil
+	// Serving means the store is open and migrated: stopping earlier
+	// would interrupt its set-up (seen under -race on a loaded machine).
+	testenv.Eventually(t, 30*time.Second, "the remediator to serve", func() bool {
+		resp, err := http.Get("http://" + (*wc.WebListenAddresses)[0] + "/-/healthy")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
 	})
+	if _, err := os.Stat(storePath); err != nil {
+		t.Fatalf("the audit database was not created: %v", err)
+	}
 	cancel()
 	select {
 	case err := <-done:
