@@ -38,12 +38,21 @@ deps:
 
 test: deps build lint unit rules fuzz e2e
 
+# Two modules: the root (the binaries and their tests) and test/ (the tests
+# of deploy/, dashboards/ and the end-to-end loop, whose parsers -- compose-go,
+# the Kubernetes API types, Prometheus's PromQL -- the binaries do not link).
+MODULES   := . test
+
 unit:
 	$(GO) test $(RACE) -count=1 -timeout 15m ./...
+	cd test && $(GO) test $(RACE) -count=1 -timeout 15m ./...
 
+# go.mod and go.sum must be what `go mod tidy` keeps, in both modules.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
 	$(GO) vet ./...
+	cd test && $(GO) vet -tags e2e ./...
 
 # A whole-binary scrape of the simulated fork-orphan case, diffed against
 # the golden file and linted by promtool (also part of `unit`).
@@ -56,13 +65,13 @@ rules:
 
 # The whole loop with real processes, the stack of `make run`
 # (internal/stack): a simulated node, the exporter, Prometheus with
-# alerts/, Alertmanager and the remediator; e2e/ asserts the stages that
+# alerts/, Alertmanager and the remediator; test/e2e/ asserts the stages that
 # `make run` narrates, and runs gpu-orphan-demo itself. GPU_ORPHAN_E2E_REQUIRED
 # makes a missing Prometheus or Alertmanager a failure instead of a skip;
 # the stage timings go to .run/e2e-summary.txt, and are printed at the end.
 e2e: build deps
-	@if [ -d e2e ]; then rm -f '$(RUN_DIR)/e2e-summary.txt'; \
-	  GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
+	@if [ -d test/e2e ]; then rm -f '$(RUN_DIR)/e2e-summary.txt'; \
+	  cd test && GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
 	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; rc=$$?; \
 	  cat '$(RUN_DIR)/e2e-summary.txt' 2>/dev/null; exit $$rc; fi
 

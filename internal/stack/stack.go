@@ -6,7 +6,7 @@
 // under one directory.
 //
 // `make run` narrates a Loop (cmd/gpu-orphan-demo, with Narrator);
-// `make e2e` asserts the same stages (e2e/). Prometheus and Alertmanager
+// `make e2e` asserts the same stages (test/e2e/). Prometheus and Alertmanager
 // are talked to over HTTP only.
 package stack
 

@@ -96,13 +96,20 @@ func Main(m *testing.M) int {
 	return code
 }
 
-// ModuleRoot is the directory holding go.mod.
+// ModuleRoot is the directory of the module github.com/gpu-orphan/gpu-orphan
+// (the repository's root, which holds cmd/ and alerts/), asked from the
+// module of the test that calls it: the root module itself, or test/, whose
+// go.mod replaces it with ../.
 func ModuleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/gpu-orphan/gpu-orphan").Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return "", fmt.Errorf("go list -m github.com/gpu-orphan/gpu-orphan: %w", err)
 	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", fmt.Errorf("go list -m github.com/gpu-orphan/gpu-orphan: no directory")
+	}
+	return dir, nil
 }
 
 // SimNode creates a simulated node of n GPUs in a temp dir.

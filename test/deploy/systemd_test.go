@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-const systemdDir = "systemd"
+const systemdDir = "../../deploy/systemd"
 
 // unitFile is a systemd unit as key → values, continuation lines joined.
 type unitFile map[string][]string

@@ -33,9 +33,9 @@ import (
 var update = flag.Bool("update", false, "rewrite kubernetes/prometheusrule.yaml from alerts/gpu-orphan.rules.yml")
 
 const (
-	k8sDir       = "kubernetes"
+	k8sDir       = "../../deploy/kubernetes"
 	k8sNamespace = "gpu-orphan"
-	rulesFile    = "../alerts/gpu-orphan.rules.yml"
+	rulesFile    = "../../alerts/gpu-orphan.rules.yml"
 	// Files of kubernetes/ that are not Kubernetes objects.
 	receiverFile      = "alertmanager-receiver.yaml"
 	kustomizationFile = "kustomization.yaml"

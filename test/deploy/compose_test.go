@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-const composeFile = "../docker-compose.yml"
+const composeFile = "../../docker-compose.yml"
 
 // The profiles of docker-compose.yml; each must run the whole stack.
 var composeProfiles = []string{"gpu", "sim"}
@@ -35,7 +35,7 @@ var allowedCaps = []string{"KILL", "SYS_PTRACE", "DAC_READ_SEARCH"}
 func loadCompose(t *testing.T) *types.Project {
 	t.Helper()
 	opts, err := cli.NewProjectOptions([]string{composeFile},
-		cli.WithWorkingDirectory(".."),
+		cli.WithWorkingDirectory("../.."),
 		cli.WithProfiles(composeProfiles),
 		cli.WithResolvedPaths(true),
 		cli.WithEnv(nil),
@@ -535,7 +535,7 @@ func checkRemediatorReceiver(t *testing.T, cfg *amconfig.Config, alert string) (
 // of that name.
 func checkAlertExists(t *testing.T, alert string) {
 	t.Helper()
-	files, _ := filepath.Glob("../alerts/*.rules.yml")
+	files, _ := filepath.Glob("../../alerts/*.rules.yml")
 	if len(files) == 0 {
 		t.Logf("no alerts/*.rules.yml yet: not checking that %s exists", alert)
 		return

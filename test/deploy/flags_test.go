@@ -25,13 +25,13 @@ var (
 // keep the test fast.
 func binaryFlags(t *testing.T, binary string) map[string]bool {
 	t.Helper()
-	dir := filepath.Join("..", "cmd", binary)
+	dir := filepath.Join("..", "..", "cmd", binary)
 	files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 	if len(files) == 0 {
 		t.Fatalf("no binary %s: %s has no Go files", binary, dir)
 	}
-	shared, _ := filepath.Glob(filepath.Join("..", "internal", "cli", "*.go"))
-	remediation, _ := filepath.Glob(filepath.Join("..", "remediate", "remediateflag", "*.go"))
+	shared, _ := filepath.Glob(filepath.Join("..", "..", "internal", "cli", "*.go"))
+	remediation, _ := filepath.Glob(filepath.Join("..", "..", "remediate", "remediateflag", "*.go"))
 	shared = append(shared, remediation...)
 	flags := map[string]bool{}
 	for _, f := range toolkitFlags {

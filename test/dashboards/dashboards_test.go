@@ -16,7 +16,7 @@ import (
 )
 
 // metricsDoc is the reference every query is checked against.
-const metricsDoc = "../docs/metrics.md"
+const metricsDoc = "../../docs/metrics.md"
 
 // dashboard is the part of Grafana's dashboard model that the checks read.
 type dashboard struct {
@@ -243,7 +243,7 @@ func flatten(panels []panel) []panel {
 
 func loadDashboards(t *testing.T) map[string]dashboard {
 	t.Helper()
-	files, err := filepath.Glob("*.json")
+	files, err := filepath.Glob("../../dashboards/*.json")
 	if err != nil {
 		t.Fatal(err)
 	}

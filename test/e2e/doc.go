@@ -11,7 +11,7 @@
 //
 // The test files carry the build tag e2e; `make e2e` runs them:
 //
-//	go test -count=1 -tags e2e -timeout 10m -v ./e2e/
+//	cd test && go test -count=1 -tags e2e -timeout 10m -v ./e2e/
 //
 // Prometheus and Alertmanager come from Debian's packages (scripts/deps.sh).
 // Without them the tests skip, unless GPU_ORPHAN_E2E_REQUIRED is set, as
