@@ -146,7 +146,9 @@ func checkGolden(t *testing.T, body string) {
 	got := strings.Join(keep, "\n") + "\n"
 	const golden = "testdata/sim_fork_orphan.golden"
 	if os.Getenv("UPDATE_GOLDEN") != "" {
-		os.WriteFile(golden, []byte(got), 0o644)
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {

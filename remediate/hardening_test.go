@@ -216,7 +216,9 @@ func TestLoadIntakeBurst(t *testing.T) {
 	for _, p := range phase[1:] {
 		for _, body := range p {
 			var m struct{ Alerts []json.RawMessage }
-			json.Unmarshal(body, &m)
+			if err := json.Unmarshal(body, &m); err != nil {
+				t.Fatal(err)
+			}
 			alertsSent += len(m.Alerts)
 		}
 	}
@@ -765,7 +767,7 @@ func mountTmpfs(t *testing.T, dir, size string) {
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v: %s", dir, err, out)
-			exec.Command("umount", "-l", dir).Run()
+			_ = exec.Command("umount", "-l", dir).Run() // the last resort; the test has failed already
 		}
 	})
 }

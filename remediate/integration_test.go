@@ -22,14 +22,6 @@ import (
 
 const token = "test-token-0123456789abcdef"
 
-// agent is one running gpu-orphan-remediator.
-type agent struct {
-	url, store, root string
-	cmd              *testingCmd
-}
-
-type testingCmd = struct{ Process *os.Process }
-
 func tokenFile(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")

@@ -240,14 +240,18 @@ func startChild(w *Workload, ignoreSIGTERM bool) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: starting child: %w", err)
 	}
-	r.SetReadDeadline(time.Now().Add(childReadyTimeout))
-	msg, err := io.ReadAll(r)
+	var msg []byte
+	if err = r.SetReadDeadline(time.Now().Add(childReadyTimeout)); err == nil {
+		msg, err = io.ReadAll(r)
+	}
 	if err == nil && strings.TrimSpace(string(msg)) != "ok" {
 		err = fmt.Errorf("child said %q", msg)
 	}
 	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
+		// The child may have exited already; either way it is reaped, and
+		// err says why it did not start.
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 		return nil, fmt.Errorf("sim: child %d did not start: %w", cmd.Process.Pid, err)
 	}
 	return cmd, nil
@@ -256,7 +260,7 @@ func startChild(w *Workload, ignoreSIGTERM bool) (*exec.Cmd, error) {
 // kill undoes a half-started workload.
 func (w *Workload) kill() {
 	for _, pid := range w.ChildPIDs {
-		unix.Kill(pid, unix.SIGKILL)
+		_ = unix.Kill(pid, unix.SIGKILL) // best effort: it may be gone already
 	}
 	w.Close()
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -453,16 +454,11 @@ func TestTakeDriverDeadline(t *testing.T) {
 // so that the kernel takes the Ps' threads off their CPUs too.
 func busyCPUs(t *testing.T) {
 	t.Helper()
-	stop := make(chan struct{})
+	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for range 2 * runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for !stop.Load() { // spin: that is the load
 			}
 		})
 	}
@@ -476,7 +472,7 @@ func busyCPUs(t *testing.T) {
 		spinners = append(spinners, cmd)
 	}
 	t.Cleanup(func() {
-		close(stop)
+		stop.Store(true)
 		wg.Wait()
 		for _, cmd := range spinners {
 			cmd.Process.Kill()

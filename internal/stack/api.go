@@ -156,7 +156,7 @@ func (s *Stack) Rule(ctx context.Context, name string) (Rule, error) {
 			}
 		}
 	}
-	return Rule{}, fmt.Errorf("Prometheus has no rule %s (%d rules)", name, n)
+	return Rule{}, fmt.Errorf("no rule %s in Prometheus (%d rules)", name, n)
 }
 
 // AMAlert is an alert of Alertmanager's /api/v2/alerts.

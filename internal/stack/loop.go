@@ -461,7 +461,9 @@ func (l *Loop) act(ctx context.Context) error {
 				PID    int    `json:"pid"`
 				Signal string `json:"signal"`
 			}
-			json.Unmarshal(e.Detail, &d)
+			if err := json.Unmarshal(e.Detail, &d); err != nil {
+				continue // not a signal's detail: nothing to narrate
+			}
 			key := fmt.Sprintf("%d %s %s", d.PID, d.Signal, e.At)
 			if !l.printed[key] {
 				l.printed[key] = true

@@ -67,7 +67,8 @@ func (d *daemon) exited() error {
 }
 
 // terminate sends SIGTERM to the daemon's process group.
-func (d *daemon) terminate() { syscall.Kill(-d.pid(), syscall.SIGTERM) }
+// The group may be gone already; wait finds out either way.
+func (d *daemon) terminate() { _ = syscall.Kill(-d.pid(), syscall.SIGTERM) }
 
 // wait waits up to stopTimeout for the daemon to exit after terminate,
 // then kills it, and anything left in its session. It reports whether the
@@ -77,7 +78,7 @@ func (d *daemon) wait() (killed bool) {
 	case <-d.done:
 	case <-time.After(stopTimeout):
 		killed = true
-		syscall.Kill(-d.pid(), syscall.SIGKILL)
+		_ = syscall.Kill(-d.pid(), syscall.SIGKILL) // <-d.done says when it is gone
 		<-d.done
 	}
 	killSession(d.pid())
@@ -113,7 +114,7 @@ func sessionMembers(sids ...int) ([]int, error) {
 func killSession(sid int) {
 	pids, _ := sessionMembers(sid)
 	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL) // best effort: it may have exited since
 	}
 }
 

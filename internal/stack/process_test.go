@@ -18,7 +18,9 @@ const helperEnv = "STACK_TEST_OWN_GROUP"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
-		syscall.Setpgid(0, 0)
+		if err := syscall.Setpgid(0, 0); err != nil {
+			os.Exit(3)
+		}
 		time.Sleep(5 * time.Minute)
 		os.Exit(0)
 	}

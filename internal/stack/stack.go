@@ -170,7 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	for _, t := range []string{cfg.Prometheus, cfg.Alertmanager} {
 		if _, err := os.Stat(t); t == "" || err != nil {
-			return nil, fmt.Errorf("Prometheus or Alertmanager not found (%q): run make deps", t)
+			return nil, fmt.Errorf("no Prometheus or Alertmanager at %q: run make deps", t)
 		}
 	}
 
@@ -184,8 +184,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	s.lock = lock
 	if err := s.start(ctx); err != nil {
-		s.Stop()
-		return nil, err
+		return nil, errors.Join(err, s.Stop())
 	}
 	return s, nil
 }

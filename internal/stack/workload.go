@@ -54,7 +54,9 @@ func (s *Stack) StartWorkload(ctx context.Context, gpu, mib, children int) (*Wor
 		return nil, fmt.Errorf("starting the workload: %w", err)
 	}
 	w := &Workload{GPU: gpu, MiB: mib, PID: cmd.Process.Pid, cmd: cmd, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(w.done) }()
+	// The workload is killed, so Wait's error says only that: done is what
+	// matters.
+	go func() { _ = cmd.Wait(); close(w.done) }()
 	s.mu.Lock()
 	s.workloads = append(s.workloads, w)
 	s.sessions = append(s.sessions, w.PID)
@@ -105,7 +107,7 @@ func (w *Workload) KillParent() error {
 // remediator may have killed them, and their PIDs may name other processes
 // by now.
 func (w *Workload) kill() {
-	syscall.Kill(-w.PID, syscall.SIGKILL)
+	_ = syscall.Kill(-w.PID, syscall.SIGKILL) // killSession gets what is left
 	killSession(w.PID)
 	<-w.done
 }

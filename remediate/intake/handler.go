@@ -143,6 +143,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (int, error) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	json.NewEncoder(w).Encode(reply)
+	if err := json.NewEncoder(w).Encode(reply); err != nil {
+		// The alerts are recorded and the status is sent; only the body
+		// was lost, most likely with the client.
+		h.cfg.Logger.Debug("Writing the webhook reply failed", "remote", sourceOf(r), "err", err)
+	}
 	return http.StatusOK, nil
 }

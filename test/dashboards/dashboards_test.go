@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -171,7 +172,7 @@ func metricNames(expr string) ([]string, error) {
 			names = append(names, vs.Name)
 		}
 		for _, m := range vs.LabelMatchers {
-			if m.Name != labels.MetricName || m.Value == vs.Name {
+			if m.Name != model.MetricNameLabel || m.Value == vs.Name {
 				continue
 			}
 			if m.Type != labels.MatchEqual {

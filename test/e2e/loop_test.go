@@ -204,7 +204,9 @@ func checkAudit(t *testing.T, s *stack.Stack, id string, w *stack.Workload) {
 				PID    int    `json:"pid"`
 				Signal string `json:"signal"`
 			}
-			json.Unmarshal(e.Detail, &d)
+			if err := json.Unmarshal(e.Detail, &d); err != nil {
+				t.Fatalf("action %s: signal event %s: %v", a.ID, e.Detail, err)
+			}
 			signalled[d.PID] = append(signalled[d.PID], d.Signal)
 		}
 	}
