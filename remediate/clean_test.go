@@ -15,6 +15,7 @@ import (
 // without --act, and with --act kills the holders, verifies the memory
 // back and records the action.
 func TestCleanByHand(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 3072, 2)
 	w.KillParent(t)

@@ -16,6 +16,7 @@ import (
 // on loopback. Each alert reaches the agent of the node it names, and the
 // fleet limit (one node per window) holds the second node back.
 func TestDispatcherRoutesAndLimits(t *testing.T) {
+	skipShort(t)
 	rootA, rootB := testenv.SimNode(t, 2), testenv.SimNode(t, 2)
 	for _, root := range []string{rootA, rootB} {
 		w := testenv.StartWorkload(t, root, 1, 1024, 1)

@@ -16,6 +16,7 @@ import (
 // action fails and says what is left and what a human should do; the
 // breaker then opens, holds further work back, and a human resets it.
 func TestFailedCleanupOpensBreaker(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)

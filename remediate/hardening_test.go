@@ -132,6 +132,7 @@ func (k alertKey) String() string { return k.fp }
 // not this agent's work. Nothing is lost, every firing key makes exactly one
 // action, and the counters add up.
 func TestLoadIntakeBurst(t *testing.T) {
+	skipShort(t)
 	const (
 		notifications = 10000
 		clients       = 32
@@ -482,6 +483,7 @@ func forwardedAlert(t *testing.T, body []byte) alertKey {
 // unreachable node's alert is retried, then recorded as failed, never
 // dropped.
 func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
+	skipShort(t)
 	// The healthy node: a real agent, behind a proxy that notes arrivals.
 	rootH := testenv.SimNode(t, 2)
 	agentH, _ := startAgent(t, rootH, filepath.Join(t.TempDir(), "h.db"), "--node.name=node-h")
@@ -694,6 +696,7 @@ func postFrom(t *testing.T, c *http.Client, baseURL, tok string, body []byte) in
 // address, and a 429 to Alertmanager would lose the remediation. The block
 // lifts for wrong tokens as the budget refills.
 func TestAuthTokenGuessing(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	// 30 per minute: the budget regains one failure every 2 s.
 	agentURL, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--auth.failures-per-minute=30")
@@ -826,6 +829,7 @@ func readyCode(t *testing.T, baseURL string) (int, string) {
 // webhooks with 503 (which Alertmanager retries) and starts no action. Once
 // the space is back, it recovers by itself.
 func TestStoreFull(t *testing.T) {
+	skipShort(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root: the full store cannot be simulated")
 	}
@@ -899,6 +903,7 @@ func TestStoreFull(t *testing.T) {
 // NVML says "GPU is lost"), an alert for a GPU with an orphan signals
 // nothing. Once the driver answers again, a new alert cleans up (--act).
 func TestUnhealthySnapshotNeverSignals(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 2)

@@ -165,6 +165,15 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 	return rs[gpu].Memory.Used >> 20
 }
 
+// skipShort skips a test of this package under -short: each starts the
+// project's binaries on a simulated node (about a minute in all).
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: starts the binaries")
+	}
+}
+
 func TestMain(m *testing.M) {
 	testenv.RunMapperIfAsked()
 	os.Exit(testenv.Main(m))
@@ -210,6 +219,7 @@ func fp(i int) string { return fmt.Sprintf("%016x", 0xabc000+i) }
 // webhook, with the memory verified back, and what must not be touched
 // left alone.
 func TestWebhookCleansForkOrphan(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
@@ -265,6 +275,7 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 // TestDuplicatesActOnce: retries and HA replicas send copies; exactly one
 // action results, and a resolved alert cancels queued work.
 func TestDuplicatesActOnce(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
@@ -308,6 +319,7 @@ func TestDuplicatesActOnce(t *testing.T) {
 // TestRestartMidCleanup: a remediator killed with -9 in the middle of a
 // cleanup loses nothing and repeats nothing.
 func TestRestartMidCleanup(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 2, "--ignore-sigterm")

@@ -115,6 +115,7 @@ func simBin(t *testing.T) string { return testenv.Bin(t, "gpu-orphan-sim") }
 // and forked workers and, as a multi-GPU CUDA process may, has GPU 1's node
 // open and mapped. An orphan sits on GPU 1. Only the orphan's holders go.
 func TestSafetyLiveJobOnAnotherGPU(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	healthy := testenv.StartWorkload(t, root, 0, 2048, 2, "--visible", "all")
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
@@ -137,6 +138,7 @@ func TestSafetyLiveJobOnAnotherGPU(t *testing.T) {
 // another sees GPU 0's node under GPU 1's name. Holders are told by what
 // the kernel says the file is, not by its name.
 func TestSafetyDeviceIdentityNotPath(t *testing.T) {
+	skipShort(t)
 	if os.Getuid() != 0 {
 		t.Skip("bind mounts in a mount namespace need root")
 	}
@@ -213,6 +215,7 @@ func TestSafetyDeviceIdentityNotPath(t *testing.T) {
 // while another thread holds the context; /proc shows it as Z. It is alive,
 // its memory has a live owner, and its workers belong to it.
 func TestSafetyZombieLeader(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 4096, 2, "--zombie-leader")
 	testenv.Eventually(t, 5*time.Second, "the main thread to exit", func() bool {
@@ -242,6 +245,7 @@ func TestSafetyZombieLeader(t *testing.T) {
 // its PID was recreated for an unrelated process that holds no GPU. NVML
 // still lists the PID. The orphan is found, and the newcomer is untouched.
 func TestSafetyReusedOwnerPID(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	script := testenv.StartScript(t, fmt.Sprintf("%s run --root %s --gpu 1 --mib 4096 --children 2 & wait", simBin(t), root))
 	w := script.Ready(t)
@@ -273,6 +277,7 @@ func TestSafetyReusedOwnerPID(t *testing.T) {
 // with -9. Only the trainer's workers, which hold its context, are
 // signalled: the live script leads its group.
 func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	tensorboard := filepath.Join(t.TempDir(), "tensorboard")
 	if err := os.Symlink("/bin/sleep", tensorboard); err != nil {
@@ -302,6 +307,7 @@ func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 // from a shell that then exits is orphaned from its session. The orphaned
 // policy still waits for --remediate.min-age before touching it.
 func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	script := testenv.StartScript(t, fmt.Sprintf("nohup %s run --root %s --gpu 1 --mib 2048 &", simBin(t), root))
 	job := script.Ready(t)
@@ -329,6 +335,7 @@ func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 // it, but not a healthy job on GPU 0 that has GPU 1's node open and mapped,
 // nor its workers, nor a monitor that holds the node without mapping it.
 func TestSafetyAllHoldersSparesOthers(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	n, err := sim.Load(root)
 	if err != nil {
@@ -362,6 +369,7 @@ func TestSafetyAllHoldersSparesOthers(t *testing.T) {
 // judged by them: the protected one's memory is "other holders remain",
 // not a failure, and the breaker (one failure opens it here) stays shut.
 func TestSafetyOthersLeftoversAreNotFailures(t *testing.T) {
+	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	dir := t.TempDir()
 	hostengine := filepath.Join(dir, "nv-hostengine") // a protected name

@@ -116,6 +116,7 @@ func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
 // the bearer token is still required; a certificate from another CA fails
 // the TLS handshake.
 func TestTLSClientCertificates(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	ca, otherCA := newCA(t, "gpu-orphan test CA"), newCA(t, "somebody else's CA")
 	srvCert, srvKey := ca.issue(t, "remediator", x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
