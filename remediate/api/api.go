@@ -192,12 +192,18 @@ func parseTime(s string) (time.Time, error) {
 	return time.Unix(int64(sec), int64(frac*1e9)), nil
 }
 
+// writeJSON replies v as indented JSON. It encodes before it writes the
+// status, so that a value that cannot be encoded is a 500, not a 200 with
+// half a body.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		http.Error(w, "encoding the reply: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
+	w.Write(append(body, '\n'))
 }
 
 func writeError(w http.ResponseWriter, code int, format string, args ...any) {

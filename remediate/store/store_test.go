@@ -228,7 +228,9 @@ func TestRecordNotification(t *testing.T) {
 		t.Fatalf("Duplicates = %d, %v; want 5", n, err)
 	}
 	var deliveries int
-	s.db.QueryRow(`SELECT count(*) FROM deliveries`).Scan(&deliveries)
+	if err := s.db.QueryRow(`SELECT count(*) FROM deliveries`).Scan(&deliveries); err != nil {
+		t.Fatal(err)
+	}
 	if deliveries != 10 {
 		t.Fatalf("deliveries = %d, want 10", deliveries)
 	}
@@ -297,7 +299,9 @@ func TestRecordNotificationHACopies(t *testing.T) {
 		t.Fatalf("queued = %d actions, %v", len(q), err)
 	}
 	var copies int
-	stores[1].db.QueryRow(`SELECT copies FROM alerts WHERE fingerprint = 'feedface'`).Scan(&copies)
+	if err := stores[1].db.QueryRow(`SELECT copies FROM alerts WHERE fingerprint = 'feedface'`).Scan(&copies); err != nil {
+		t.Fatal(err)
+	}
 	if copies != senders {
 		t.Fatalf("copies = %d, want %d", copies, senders)
 	}
@@ -524,14 +528,18 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("missing directory: err = %v", err)
 	}
 	file := filepath.Join(dir, "file")
-	os.WriteFile(file, nil, 0o600)
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Open(ctx, filepath.Join(file, "store.db")); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("parent is a file: err = %v", err)
 	}
 
 	// A directory name that needs escaping in a URI.
 	odd := filepath.Join(dir, "a?b#c%20d")
-	os.Mkdir(odd, 0o700)
+	if err := os.Mkdir(odd, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	s := openTest(t, filepath.Join(odd, "store.db"))
 	if _, err := os.Stat(filepath.Join(odd, "store.db")); err != nil {
 		t.Fatalf("database not where asked: %v", err)
