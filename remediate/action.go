@@ -75,6 +75,86 @@ type Action struct {
 	// what a human should do.
 	Leftover []Leftover `json:"leftover,omitempty"`
 	NextStep string     `json:"next_step,omitempty"`
+
+	// DeadOwners are the PIDs that NVML listed on the GPU, dead, when the
+	// plan was made: whose memory the action is about, and who they were.
+	DeadOwners []DeadOwner `json:"dead_owners,omitempty"`
+	// Agent is set on a dispatcher's action: the node agent's action that
+	// the alert was forwarded to, and its outcome once the agent finished
+	// it. The evidence, targets, freed bytes and dead owners above are then
+	// the agent's, copied from its record.
+	Agent *AgentResult `json:"agent,omitempty"`
+}
+
+// DeadOwner is a dead PID that NVML still charged memory to when an action
+// planned, with its identity as the remediator's snapshot loop saw the
+// process alive. Known is false when no snapshot saw it alive (the
+// remediator started after it died, or `gpu-orphan clean`, which keeps no
+// history): the identity fields are then empty, never a guess.
+type DeadOwner struct {
+	PID       uint32 `json:"pid"`
+	UsedBytes uint64 `json:"used_bytes"`
+	Known     bool   `json:"known"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	Comm      string `json:"comm,omitempty"`
+	Cmdline   string `json:"cmdline,omitempty"`
+	User      string `json:"user,omitempty"`
+	// UID is set when Known (0 is root).
+	UID         *int      `json:"uid,omitempty"`
+	SlurmJob    string    `json:"slurm_job,omitempty"`
+	SlurmStep   string    `json:"slurm_step,omitempty"`
+	PodUID      string    `json:"pod_uid,omitempty"`
+	ContainerID string    `json:"container_id,omitempty"`
+	Cgroup      string    `json:"cgroup,omitempty"`
+	LastSeen    time.Time `json:"last_seen,omitzero"`
+}
+
+// NewDeadOwners are the dead owners that NVML lists on a GPU, named as the
+// snapshot's Identity remembers them.
+func NewDeadOwners(g snapshot.GPU) []DeadOwner {
+	var out []DeadOwner
+	for _, o := range g.Owners {
+		if o.Alive {
+			continue
+		}
+		d := DeadOwner{PID: o.PID, UsedBytes: o.UsedBytes}
+		if id := o.Identity; id != nil {
+			uid := id.UID
+			d.Known, d.StartTime, d.Comm, d.Cmdline, d.User, d.UID = true, id.StartTime, id.Comm, id.Cmdline, id.User, &uid
+			d.SlurmJob, d.SlurmStep, d.PodUID, d.ContainerID, d.Cgroup = id.SlurmJob, id.SlurmStep, id.PodUID, id.ContainerID, id.Cgroup
+			d.LastSeen = id.LastSeen.UTC()
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// AgentResult is, on a dispatcher's action, the node agent's action for the
+// same alert.
+type AgentResult struct {
+	// URL is the agent's base URL.
+	URL string `json:"url"`
+	// ActionID is the agent's action; empty when the agent made none (it
+	// ignored the alert: Reason says why).
+	ActionID string `json:"action_id,omitempty"`
+	// State is the agent's action's state as the dispatcher last saw it:
+	// queued or running until the agent finishes it.
+	State      State      `json:"state"`
+	Reason     string     `json:"reason,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// Error is why the dispatcher could not read the agent's result the
+	// last time it asked; it keeps asking.
+	Error string `json:"error,omitempty"`
+}
+
+// Final reports whether an action in state s is finished: nothing more
+// will happen to it.
+func (s State) Final() bool {
+	switch s {
+	case StateDryRun, StateSucceeded, StateFailed, StateSkipped, StateInterrupted:
+		return true
+	}
+	return false
 }
 
 // MemoryEvidence is the GPU's memory at one moment of an action.

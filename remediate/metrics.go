@@ -1,15 +1,22 @@
 package remediate
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the remediator's own instruments, shared by intake, the
 // engine and the dispatcher. Names are listed in docs/metrics.md.
 type Metrics struct {
-	Notifications  *prometheus.CounterVec
-	Requests       *prometheus.CounterVec
-	AuthFailures   prometheus.Counter
-	Actions        *prometheus.CounterVec
-	FreedBytes     prometheus.Counter
+	Notifications *prometheus.CounterVec
+	Requests      *prometheus.CounterVec
+	AuthFailures  prometheus.Counter
+	Actions       *prometheus.CounterVec
+	// FreedBytes and OrphanedEvents are by the user whose dead owner left
+	// the memory (UnknownUser when not known); see CountOrphan.
+	FreedBytes     *prometheus.CounterVec
+	OrphanedEvents *prometheus.CounterVec
 	ActionDuration prometheus.Histogram
 	Signals        *prometheus.CounterVec
 	Limited        *prometheus.CounterVec
@@ -31,8 +38,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Requests with a missing or wrong token."}),
 		Actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "actions_total",
 			Help: "Finished actions by state: dry_run, succeeded, failed, skipped, interrupted."}, []string{"state"}),
-		FreedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "freed_bytes_total",
-			Help: "GPU memory verified back after cleanups."}),
+		FreedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "freed_bytes_total",
+			Help: "GPU memory verified back after cleanups, by the user whose dead process left it (unknown when the remediator never saw it alive), shared by the memory NVML charged each dead owner."}, []string{"user"}),
+		OrphanedEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "orphaned_events_total",
+			Help: "Actions that acted on memory left by a dead process of this user (unknown when the remediator never saw it alive): one per action and user."}, []string{"user"}),
 		ActionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "action_duration_seconds",
 			Help: "Time from the start of an action to its verification.", Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120}}),
 		Signals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "signals_total",
@@ -60,7 +69,55 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, l := range []string{"cooldown", "gpu_busy", "node_rate", "concurrency", "breaker", "fleet_rate", "store"} {
 		m.Limited.WithLabelValues(l)
 	}
-	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.ActionDuration,
+	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.OrphanedEvents, m.ActionDuration,
 		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction)
 	return m
+}
+
+// UnknownUser is the user label of memory whose dead owner the remediator
+// never saw alive, or that no dead owner was charged for.
+const UnknownUser = "unknown"
+
+// CountOrphan counts an action that acted (its ladder ran): one orphaned
+// event for each user among its dead owners, and, when it succeeded, the
+// freed bytes shared among those users by the memory NVML charged each
+// (equally when it charged none). An action without dead owners (policy
+// orphaned, acting on live orphaned owners) counts under UnknownUser, so
+// that freed_bytes_total summed over user is all the memory freed.
+func (m *Metrics) CountOrphan(a Action) {
+	shares := map[string]float64{}
+	var total float64
+	for _, o := range a.DeadOwners {
+		total += float64(o.UsedBytes)
+	}
+	for _, o := range a.DeadOwners {
+		w := 1 / float64(len(a.DeadOwners))
+		if total > 0 {
+			w = float64(o.UsedBytes) / total
+		}
+		shares[o.UserLabel()] += w
+	}
+	if len(shares) == 0 {
+		shares[UnknownUser] = 1
+	}
+	for user, w := range shares {
+		m.OrphanedEvents.WithLabelValues(user).Inc()
+		if a.State == StateSucceeded {
+			m.FreedBytes.WithLabelValues(user).Add(float64(a.FreedBytes) * w)
+		}
+	}
+}
+
+// UserLabel is the dead owner's user as a metric label: UnknownUser when
+// its identity is not known, its UID when the name was not.
+func (o DeadOwner) UserLabel() string {
+	switch {
+	case !o.Known:
+		return UnknownUser
+	case o.User != "":
+		return o.User
+	case o.UID != nil:
+		return strconv.Itoa(*o.UID)
+	}
+	return UnknownUser
 }

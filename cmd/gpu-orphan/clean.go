@@ -91,6 +91,9 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		State: remediate.StateRunning, Source: "cli", StartedAt: time.Now()}
 	before := plan.Before
 	a.Before, a.Targets, a.Excluded = &before, plan.Targets, plan.Excluded
+	// One snapshot keeps no history: the dead owners are recorded, their
+	// identities unknown.
+	a.DeadOwners = plan.DeadOwners
 	if audit != nil {
 		id, err := audit.Insert(ctx, a)
 		if err != nil {

@@ -98,7 +98,8 @@ func NewRouter(cfg Config) (http.Handler, error) {
 
 func (cfg Config) listActions(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := store.Filter{Node: q.Get("node"), GPU: q.Get("gpu"), State: remediate.State(q.Get("state"))}
+	f := store.Filter{Node: q.Get("node"), GPU: q.Get("gpu"), State: remediate.State(q.Get("state")),
+		User: q.Get("user"), SlurmJob: q.Get("slurm_job")}
 	var err error
 	if f.Since, err = parseTime(q.Get("since")); err != nil {
 		writeError(w, http.StatusBadRequest, "since: %v", err)

@@ -35,6 +35,16 @@ func (b *breaker) BreakerOpen() bool { return b.open }
 // each of the times given.
 func newServer(t *testing.T, started ...time.Time) *httptest.Server {
 	t.Helper()
+	var as []remediate.Action
+	for _, at := range started {
+		as = append(as, remediate.Action{Node: "node-a", GPUUUID: "GPU-a", State: remediate.StateSucceeded, StartedAt: at})
+	}
+	return newServerWith(t, as...)
+}
+
+// newServerWith serves a store that holds the actions given.
+func newServerWith(t *testing.T, actions ...remediate.Action) *httptest.Server {
+	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	st, err := store.Open(ctx, filepath.Join(dir, "store.db"))
@@ -42,8 +52,8 @@ func newServer(t *testing.T, started ...time.Time) *httptest.Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	for _, at := range started {
-		if _, err := st.Insert(ctx, remediate.Action{Node: "node-a", GPUUUID: "GPU-a", State: remediate.StateSucceeded, StartedAt: at}); err != nil {
+	for _, a := range actions {
+		if _, err := st.Insert(ctx, a); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -175,6 +185,61 @@ func TestListActionsTimeBounds(t *testing.T) {
 			}
 			if code != http.StatusBadRequest || !strings.HasPrefix(reply.Error, name+": ") || !strings.Contains(reply.Error, tc.says) {
 				t.Errorf("%s=%s: status %d, error %q; want 400 with %q", name, tc.value, code, reply.Error, name+": ... "+tc.says)
+			}
+		}
+	}
+}
+
+// TestListActionsByDeadOwner: user and slurm_job select the actions with a
+// dead owner of that user or Slurm job; an owner whose identity is unknown
+// matches neither.
+func TestListActionsByDeadOwner(t *testing.T) {
+	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
+	uid := 1001
+	alice := remediate.DeadOwner{PID: 463, UsedBytes: 4 << 30, Known: true, Comm: "python", User: "alice", UID: &uid, SlurmJob: "81234", SlurmStep: "0"}
+	bob := remediate.DeadOwner{PID: 464, UsedBytes: 1 << 30, Known: true, Comm: "python", User: "bob", UID: &uid, SlurmJob: "81235"}
+	unknown := remediate.DeadOwner{PID: 465, UsedBytes: 1 << 30}
+	srv := newServerWith(t,
+		remediate.Action{Node: "a", State: remediate.StateSucceeded, StartedAt: at, DeadOwners: []remediate.DeadOwner{alice}},
+		remediate.Action{Node: "b", State: remediate.StateSucceeded, StartedAt: at.Add(time.Second), DeadOwners: []remediate.DeadOwner{alice, bob}},
+		remediate.Action{Node: "c", State: remediate.StateSucceeded, StartedAt: at.Add(2 * time.Second), DeadOwners: []remediate.DeadOwner{unknown}},
+		remediate.Action{Node: "d", State: remediate.StateSucceeded, StartedAt: at.Add(3 * time.Second)},
+	)
+	for _, tc := range []struct {
+		name, value string
+		nodes       string
+	}{
+		{"user", "alice", "b a"},
+		{"user", "bob", "b"},
+		{"user", "carol", ""},
+		{"user", "", "d c b a"},
+		{"slurm_job", "81234", "b a"},
+		{"slurm_job", "81235", "b"},
+		{"slurm_job", "8123", ""},
+		{"user", "unknown", ""},
+	} {
+		code, body := getActions(t, srv, tc.name, tc.value)
+		if code != http.StatusOK {
+			t.Fatalf("%s=%s: %d %s", tc.name, tc.value, code, body)
+		}
+		var got []remediate.Action
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		for _, a := range got {
+			nodes = append(nodes, a.Node)
+		}
+		if strings.Join(nodes, " ") != tc.nodes {
+			t.Errorf("%s=%q: actions of nodes %v, want %q", tc.name, tc.value, nodes, tc.nodes)
+		}
+		if tc.value == "alice" {
+			// The record carries who the dead owner was.
+			if d := got[len(got)-1].DeadOwners; len(d) != 1 || d[0].SlurmJob != "81234" || d[0].UID == nil || *d[0].UID != uid || !d[0].Known {
+				t.Errorf("dead owners as served: %+v", d)
+			}
+			if !strings.Contains(body, `"dead_owners": [`) || !strings.Contains(body, `"slurm_job": "81234"`) {
+				t.Errorf("JSON field names: %s", body)
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -166,11 +167,11 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 	// ladder stops: no signal goes unaccounted for.
 	ladderCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
+	// The ladder calls OnSignal from each target's goroutine.
+	var firstSignalOnce sync.Once
 	firstSignal := time.Time{}
 	ladder.OnSignal = func(pid int, sig unix.Signal) {
-		if firstSignal.IsZero() {
-			firstSignal = time.Now()
-		}
+		firstSignalOnce.Do(func() { firstSignal = time.Now() })
 		name := unix.SignalName(sig)
 		if n.cfg.Metrics != nil {
 			n.cfg.Metrics.Signals.WithLabelValues(name).Inc()
@@ -185,13 +186,14 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		}
 	}
 	a.Targets = ladder.Kill(ladderCtx, a.Targets)
-	if firstSignal.IsZero() {
-		firstSignal = time.Now()
-	}
+	firstSignalOnce.Do(func() { firstSignal = time.Now() })
 	if cause := context.Cause(ladderCtx); cause != nil && ctx.Err() == nil {
 		now := time.Now()
 		a.FinishedAt = &now
 		a.State, a.Reason = remediate.StateFailed, "stopped: the audit record could not be written: "+cause.Error()
+		if n.cfg.Metrics != nil {
+			n.cfg.Metrics.CountOrphan(a)
+		}
 		_ = n.record(ctx, a, "verify", map[string]any{"state": a.State, "reason": a.Reason})
 		return a
 	}
@@ -211,7 +213,6 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 			a.Reason = OthersRemain + ": " + leftoverSummary(a.Leftover)
 		}
 		if n.cfg.Metrics != nil {
-			n.cfg.Metrics.FreedBytes.Add(float64(a.FreedBytes))
 			n.cfg.Metrics.ActionDuration.Observe(now.Sub(a.StartedAt).Seconds())
 		}
 	default:
@@ -219,6 +220,11 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		a.Reason = "memory did not come back within " + n.cfg.VerifyTimeout.String()
 		a.Leftover = n.leftovers(a, g)
 		a.NextStep = nextStep(a)
+	}
+	if n.cfg.Metrics != nil {
+		// As verified: memory that came back counts even if its record
+		// fails below.
+		n.cfg.Metrics.CountOrphan(a)
 	}
 	if err := n.record(ctx, a, "verify", map[string]any{"state": a.State, "freed_bytes": a.FreedBytes, "seconds": a.VerifySeconds}); err != nil {
 		n.cfg.Logger.Error("Recording the verification failed", "action", a.ID, "err", err)
@@ -408,6 +414,7 @@ func applyPlan(a *remediate.Action, p decide.Plan, act bool) {
 	a.Before = &before
 	a.Targets = p.Targets
 	a.Excluded = p.Excluded
+	a.DeadOwners = p.DeadOwners
 	a.DryRun = !act
 }
 

@@ -110,6 +110,9 @@ type Plan struct {
 	SkipReason SkipReason
 	SkipDetail string `json:",omitempty"`
 	Before     remediate.MemoryEvidence
+	// DeadOwners are the dead PIDs NVML lists on the GPU, with who they
+	// were when the snapshot remembers it.
+	DeadOwners []remediate.DeadOwner
 	// Targets are sorted by PID.
 	Targets []remediate.Target
 	// Excluded are the candidates and the live owners of the GPU that the
@@ -157,6 +160,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan 
 	if found {
 		p.GPUUUID, p.GPUIndex = g.Device.UUID, g.Device.Index
 		p.Before = remediate.NewMemoryEvidence(g, s.Taken, now)
+		p.DeadOwners = remediate.NewDeadOwners(g)
 	}
 	// A holder we could not see may be anyone: act on a complete scan only.
 	if s.FDScanDenied > 0 {

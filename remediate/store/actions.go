@@ -21,7 +21,8 @@ const ReasonInterrupted = "remediator restarted mid-action"
 // actionValues and scanAction use.
 var actionColumnList = []string{"id", "node", "gpu_uuid", "gpu_index", "policy", "state", "reason", "dry_run",
 	"alert_fingerprint", "alert_starts_at", "source", "freed_bytes", "started_at", "finished_at", "verify_seconds",
-	"before_json", "after_json", "targets_json", "excluded_json", "leftover_json", "next_step"}
+	"before_json", "after_json", "targets_json", "excluded_json", "leftover_json", "next_step",
+	"dead_owners_json", "agent_json"}
 
 var (
 	actionColumns   = strings.Join(actionColumnList, ", ")
@@ -54,7 +55,30 @@ func actionValues(a remediate.Action) ([]any, error) {
 		}
 		vals = append(vals, j)
 	}
-	return append(vals, a.NextStep), nil
+	vals = append(vals, a.NextStep)
+	for _, v := range []any{a.DeadOwners, a.Agent} {
+		j, err := toJSON(v)
+		if err != nil {
+			return nil, fmt.Errorf("action %s: %w", a.ID, err)
+		}
+		vals = append(vals, j)
+	}
+	return vals, nil
+}
+
+// writeOwners replaces the action_owners rows of an action with its dead
+// owners, which the user and slurm_job filters read.
+func writeOwners(ctx context.Context, q querier, a remediate.Action) error {
+	if _, err := q.ExecContext(ctx, `DELETE FROM action_owners WHERE action_id = ?`, a.ID); err != nil {
+		return fmt.Errorf("action %s: clearing its dead owners: %w", a.ID, err)
+	}
+	for _, o := range a.DeadOwners {
+		if _, err := q.ExecContext(ctx, `INSERT INTO action_owners(action_id, pid, owner_user, slurm_job) VALUES (?, ?, ?, ?)`,
+			a.ID, o.PID, o.User, o.SlurmJob); err != nil {
+			return fmt.Errorf("action %s: recording dead owner %d: %w", a.ID, o.PID, err)
+		}
+	}
+	return nil
 }
 
 func insertAction(ctx context.Context, q querier, a remediate.Action) error {
@@ -66,7 +90,10 @@ func insertAction(ctx context.Context, q querier, a remediate.Action) error {
 	if err != nil {
 		return fmt.Errorf("inserting action %s: %w", a.ID, err)
 	}
-	return nil
+	if len(a.DeadOwners) == 0 {
+		return nil // nothing to clear in a new action
+	}
+	return writeOwners(ctx, q, a)
 }
 
 type rowScanner interface{ Scan(dest ...any) error }
@@ -78,10 +105,11 @@ func scanAction(r rowScanner) (remediate.Action, error) {
 		finished                                    sql.NullString
 		freed                                       int64
 		before, after, targets, excluded, leftovers string
+		deadOwners, agent                           string
 	)
 	if err := r.Scan(&a.ID, &a.Node, &a.GPUUUID, &a.GPUIndex, &a.Policy, &a.State, &a.Reason, &a.DryRun,
 		&a.AlertFingerprint, &alertStarts, &a.Source, &freed, &started, &finished, &a.VerifySeconds,
-		&before, &after, &targets, &excluded, &leftovers, &a.NextStep); err != nil {
+		&before, &after, &targets, &excluded, &leftovers, &a.NextStep, &deadOwners, &agent); err != nil {
 		return a, err
 	}
 	a.FreedBytes = uint64(freed)
@@ -102,7 +130,8 @@ func scanAction(r rowScanner) (remediate.Action, error) {
 	for _, c := range []struct {
 		text string
 		dst  any
-	}{{before, &a.Before}, {after, &a.After}, {targets, &a.Targets}, {excluded, &a.Excluded}, {leftovers, &a.Leftover}} {
+	}{{before, &a.Before}, {after, &a.After}, {targets, &a.Targets}, {excluded, &a.Excluded}, {leftovers, &a.Leftover},
+		{deadOwners, &a.DeadOwners}, {agent, &a.Agent}} {
 		if err := fromJSON(c.text, c.dst); err != nil {
 			return a, fmt.Errorf("action %s: %w", a.ID, err)
 		}
@@ -162,7 +191,7 @@ func (s *Store) Update(ctx context.Context, a remediate.Action) error {
 		if n == 0 {
 			return ErrNotFound
 		}
-		return nil
+		return writeOwners(ctx, tx, a)
 	})
 	if err != nil {
 		return fmt.Errorf("updating action %s: %w", a.ID, err)
@@ -256,6 +285,12 @@ type Filter struct {
 	// Since is inclusive and Until exclusive, on StartedAt.
 	Since, Until time.Time
 	State        remediate.State
+	// User and SlurmJob select actions with a dead owner of that user, or
+	// of that Slurm job (Action.DeadOwners).
+	User, SlurmJob string
+	// AgentPending selects a dispatcher's actions whose agent's result is
+	// still to come (Action.Agent queued or running).
+	AgentPending bool
 	// Limit defaults to DefaultLimit and is capped at MaxLimit.
 	Limit int
 }
@@ -293,6 +328,16 @@ func (s *Store) Actions(ctx context.Context, f Filter) ([]remediate.Action, erro
 	}
 	if f.State != "" {
 		where, args = append(where, "state = ?"), append(args, f.State)
+	}
+	if f.User != "" {
+		where, args = append(where, "id IN (SELECT action_id FROM action_owners WHERE owner_user = ?)"), append(args, f.User)
+	}
+	if f.SlurmJob != "" {
+		where, args = append(where, "id IN (SELECT action_id FROM action_owners WHERE slurm_job = ?)"), append(args, f.SlurmJob)
+	}
+	if f.AgentPending {
+		where = append(where, "agent_json != 'null' AND json_extract(agent_json, '$.state') IN (?, ?)")
+		args = append(args, remediate.StateQueued, remediate.StateRunning)
 	}
 	limit := f.Limit
 	if limit <= 0 {

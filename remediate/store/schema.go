@@ -113,6 +113,24 @@ CREATE TABLE counters (
 	value INTEGER NOT NULL
 );
 `,
+	// 2: who left the memory. dead_owners_json is Action.DeadOwners;
+	// action_owners repeats each dead owner's user and Slurm job (empty
+	// when unknown) for GET /api/v1/actions?user=&slurm_job=. agent_json is
+	// a dispatcher's Action.Agent. Rows of version 1 read as none.
+	`
+ALTER TABLE actions ADD COLUMN dead_owners_json TEXT NOT NULL DEFAULT 'null';
+ALTER TABLE actions ADD COLUMN agent_json TEXT NOT NULL DEFAULT 'null';
+
+CREATE TABLE action_owners (
+	action_id  TEXT NOT NULL REFERENCES actions(id),
+	pid        INTEGER NOT NULL,
+	owner_user TEXT NOT NULL,
+	slurm_job  TEXT NOT NULL
+);
+CREATE INDEX action_owners_action ON action_owners(action_id);
+CREATE INDEX action_owners_user ON action_owners(owner_user, action_id);
+CREATE INDEX action_owners_slurm_job ON action_owners(slurm_job, action_id);
+`,
 }
 
 // SchemaVersion is the schema version this package writes.

@@ -78,6 +78,50 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	return s, nil
 }
 
+// OpenReadOnly opens an existing store to read it (gpu-orphan report),
+// never writing to it: no migration, no probe file. A store of an older
+// schema is refused with what to do; a newer one is read, since migrations
+// only add.
+func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("store path %q: %w", path, err)
+	}
+	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no audit database at %s: %w", abs, os.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the audit database %s: %w", abs, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("the audit database %s is not a file", abs)
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "query_only(1)")
+	q.Set("mode", "ro")
+	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" + q.Encode()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	db.SetMaxOpenConns(1)
+	var v int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("reading the audit database %s: %w", abs, err)
+	}
+	if v < SchemaVersion {
+		db.Close()
+		if v == 0 {
+			return nil, fmt.Errorf("%s is not a gpu-orphan audit database (schema version 0)", abs)
+		}
+		return nil, fmt.Errorf("the audit database %s has schema version %d, older than this binary's %d: start this version's gpu-orphan-remediator on it once to migrate it", abs, v, SchemaVersion)
+	}
+	return &Store{db: db, path: abs}, nil
+}
+
 func checkDir(dir string) error {
 	fi, err := os.Stat(dir)
 	if errors.Is(err, os.ErrNotExist) {

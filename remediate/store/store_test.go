@@ -85,8 +85,17 @@ func fullAction() remediate.Action {
 		Excluded: []remediate.Exclusion{{ProcessInfo: remediate.ProcessInfo{PID: 1, Comm: "systemd"}, Why: "protected"}},
 		Leftover: []remediate.Leftover{{PID: 77, Kind: "d_state", Detail: "in nvidia_ioctl"}},
 		NextStep: "reboot",
+		DeadOwners: []remediate.DeadOwner{
+			{PID: 4242, UsedBytes: 6 << 30, Known: true, StartTime: 998800, Comm: "python", Cmdline: "python train.py --epochs 3",
+				User: "alice", UID: &uid1001, SlurmJob: "81234", SlurmStep: "0", Cgroup: "/system.slice/slurmstepd.scope/job_81234/step_0/user/task_0",
+				LastSeen: t0.Add(-time.Minute)},
+			{PID: 4250, UsedBytes: 8 << 20},
+		},
+		Agent: &remediate.AgentResult{URL: "https://node-b:9836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
 	}
 }
+
+var uid1001 = 1001
 
 func TestActionRoundTrip(t *testing.T) {
 	ctx := context.Background()

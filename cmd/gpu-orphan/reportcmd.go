@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/model"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate/report"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// defaultStorePath is the remediator's --store.path default.
+const defaultStorePath = "/var/lib/gpu-orphan/remediator.db"
+
+// reportOptions are `gpu-orphan report`'s flags.
+type reportOptions struct {
+	since, by, output string
+	storePath         string
+	storeSet          bool
+	url, tokenFile    string
+	timeout           time.Duration
+}
+
+// errUsage marks a mistake in the command line: exit status 2.
+var errUsage = errors.New("usage")
+
+// runReport prints who left orphaned GPU memory, from a remediator's audit
+// store or its API (a dispatcher's covers the fleet).
+func runReport(o reportOptions) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := report1(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func report1(ctx context.Context, o reportOptions) error {
+	since, err := model.ParseDuration(o.since)
+	if err != nil || since <= 0 {
+		return fmt.Errorf("%w: invalid --since %q: want a duration such as 7d, 12h or 2w", errUsage, o.since)
+	}
+	by, err := report.ParseBy(o.by)
+	if err != nil {
+		return fmt.Errorf("%w: invalid --by: %w", errUsage, err)
+	}
+	if o.url != "" && o.storeSet {
+		return fmt.Errorf("%w: give --store.path or --url, not both", errUsage)
+	}
+	if o.tokenFile != "" && o.url == "" {
+		return fmt.Errorf("%w: --auth.token-file is for --url", errUsage)
+	}
+	var src report.Source
+	if o.url != "" {
+		token := ""
+		if o.tokenFile != "" {
+			b, err := os.ReadFile(o.tokenFile)
+			if err != nil {
+				return fmt.Errorf("reading --auth.token-file: %w", err)
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		api, err := report.NewAPISource(o.url, token, &http.Client{Timeout: o.timeout})
+		if err != nil {
+			return fmt.Errorf("%w: --url: %w", errUsage, err)
+		}
+		src = api
+	} else {
+		st, err := store.OpenReadOnly(ctx, o.storePath)
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: give the remediator's --store.path, or --url of a remediator", err)
+		}
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		src = report.StoreSource{Store: st}
+	}
+	until := time.Now()
+	start := until.Add(-time.Duration(since))
+	actions, err := report.Collect(ctx, src, start, until)
+	if err != nil {
+		return err
+	}
+	return report.Write(os.Stdout, report.Build(actions, by, start, until), o.output)
+}

@@ -1,0 +1,251 @@
+// Package report turns the audit record into who leaves orphaned GPU
+// memory behind: per user, Slurm job, command or node, how many
+// orphaned-memory events, how many GiB·hours the memory was held with no
+// live owner before the cleanup, how much came back, and when it last
+// happened. `gpu-orphan report` prints it; a page can show the same rows.
+package report
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+// By is what a report groups by.
+type By string
+
+// The keys a report can group by.
+const (
+	ByUser     By = "user"
+	BySlurmJob By = "slurm_job"
+	ByComm     By = "comm"
+	ByNode     By = "node"
+)
+
+// Bys lists every grouping, the default first.
+var Bys = []By{ByUser, BySlurmJob, ByComm, ByNode}
+
+// ParseBy checks a grouping's name.
+func ParseBy(s string) (By, error) {
+	if slices.Contains(Bys, By(s)) {
+		return By(s), nil
+	}
+	names := make([]string, len(Bys))
+	for i, b := range Bys {
+		names[i] = string(b)
+	}
+	return "", fmt.Errorf("cannot group by %q: want one of %s", s, strings.Join(names, ", "))
+}
+
+// Keys for dead owners that lack what the report groups by.
+const (
+	// Unknown: the remediator never saw the dead owner alive (it started
+	// after the death, or it was `gpu-orphan clean`), or no dead owner was
+	// listed.
+	Unknown = remediate.UnknownUser
+	// None: the owner is known and was not in a Slurm job.
+	None = "none"
+)
+
+// Row is one key's share of the orphaned-memory events.
+type Row struct {
+	Key string `json:"key"`
+	// Events is the number of actions with memory left by this key.
+	Events int `json:"events"`
+	// GiBHours is the memory with no live owner times how long it had none
+	// when the action planned, this key's share of it.
+	GiBHours float64 `json:"gib_hours"`
+	// FreedBytes is the memory verified back, this key's share of it.
+	FreedBytes uint64    `json:"freed_bytes"`
+	Last       time.Time `json:"last"`
+}
+
+// Report is the rows of one grouping over a time range, sorted by
+// GiB·hours, most first.
+type Report struct {
+	By    By        `json:"by"`
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// Events is the number of actions counted (Counts).
+	Events int   `json:"events"`
+	Rows   []Row `json:"rows"`
+}
+
+// Outcome is how an action ended: for a dispatcher's action, its agent's
+// outcome (empty while the agent works).
+func Outcome(a remediate.Action) remediate.State {
+	if a.Agent != nil {
+		return a.Agent.State
+	}
+	return a.State
+}
+
+// Counts reports whether an action is an orphaned-memory event: memory with
+// no live owner was planned on, and the plan went ahead (succeeded or
+// failed) or would have, in a dry run. Skipped actions (too small, too
+// young, nothing to signal), interrupted ones and a dispatcher's forwarding
+// that reached no agent are not events.
+func Counts(a remediate.Action) bool {
+	switch Outcome(a) {
+	case remediate.StateSucceeded, remediate.StateFailed, remediate.StateDryRun:
+		return a.Before != nil
+	}
+	return false
+}
+
+// When is the time of an action's event: when it finished (on the node, for
+// a dispatcher's action), or when it started while it has not.
+func When(a remediate.Action) time.Time {
+	switch {
+	case a.Agent != nil && a.Agent.FinishedAt != nil:
+		return *a.Agent.FinishedAt
+	case a.FinishedAt != nil && !a.FinishedAt.IsZero():
+		return *a.FinishedAt
+	}
+	return a.StartedAt
+}
+
+// GiBHours is the memory with no live owner when the action planned, in
+// GiB, times how long it had had none, in hours.
+func GiBHours(a remediate.Action) float64 {
+	if a.Before == nil {
+		return 0
+	}
+	return float64(a.Before.UnownedBytes) / (1 << 30) * a.Before.UnownedAgeSeconds / 3600
+}
+
+// Share is a key's part of one action.
+type Share struct {
+	Key    string
+	Weight float64
+}
+
+// Split divides an action among the keys of its dead owners, by the memory
+// NVML charged each (equally when it charged none). By node, the action is
+// its node's. An action without dead owners is Unknown's.
+func Split(a remediate.Action, by By) []Share {
+	if by == ByNode {
+		return []Share{{a.Node, 1}}
+	}
+	var total float64
+	for _, o := range a.DeadOwners {
+		total += float64(o.UsedBytes)
+	}
+	weights := map[string]float64{}
+	for _, o := range a.DeadOwners {
+		w := 1 / float64(len(a.DeadOwners))
+		if total > 0 {
+			w = float64(o.UsedBytes) / total
+		}
+		weights[Key(o, by)] += w
+	}
+	if len(weights) == 0 {
+		return []Share{{Unknown, 1}}
+	}
+	out := make([]Share, 0, len(weights))
+	for k, w := range weights {
+		out = append(out, Share{k, w})
+	}
+	slices.SortFunc(out, func(x, y Share) int { return strings.Compare(x.Key, y.Key) })
+	return out
+}
+
+// Key is a dead owner's key under a grouping other than ByNode.
+func Key(o remediate.DeadOwner, by By) string {
+	if !o.Known {
+		return Unknown
+	}
+	switch by {
+	case ByUser:
+		return o.UserLabel()
+	case BySlurmJob:
+		if o.SlurmJob == "" {
+			return None
+		}
+		return o.SlurmJob
+	case ByComm:
+		if o.Comm == "" {
+			return Unknown
+		}
+		return o.Comm
+	}
+	return Unknown
+}
+
+// Build groups the actions that Counts by `by`. since and until only label
+// the report: the caller chose the actions.
+func Build(actions []remediate.Action, by By, since, until time.Time) Report {
+	r := Report{By: by, Since: since, Until: until, Rows: []Row{}}
+	rows := map[string]*Row{}
+	for _, a := range actions {
+		if !Counts(a) {
+			continue
+		}
+		r.Events++
+		gibHours, when := GiBHours(a), When(a)
+		shares := Split(a, by)
+		freed := splitBytes(a.FreedBytes, shares)
+		for i, s := range shares {
+			row := rows[s.Key]
+			if row == nil {
+				row = &Row{Key: s.Key}
+				rows[s.Key] = row
+			}
+			row.Events++
+			row.GiBHours += gibHours * s.Weight
+			row.FreedBytes += freed[i]
+			if when.After(row.Last) {
+				row.Last = when
+			}
+		}
+	}
+	for _, row := range rows {
+		r.Rows = append(r.Rows, *row)
+	}
+	slices.SortFunc(r.Rows, func(x, y Row) int {
+		switch {
+		case x.GiBHours != y.GiBHours:
+			if x.GiBHours > y.GiBHours {
+				return -1
+			}
+			return 1
+		case x.Events != y.Events:
+			return y.Events - x.Events
+		}
+		return strings.Compare(x.Key, y.Key)
+	})
+	return r
+}
+
+// splitBytes divides n by the shares' weights in whole bytes that add up to
+// n: the rounding remainder goes to the largest share.
+func splitBytes(n uint64, shares []Share) []uint64 {
+	out := make([]uint64, len(shares))
+	switch len(shares) {
+	case 0:
+		return out
+	case 1:
+		out[0] = n
+		return out
+	}
+	var sum uint64
+	largest := 0
+	for i, s := range shares {
+		out[i] = uint64(math.Floor(float64(n) * s.Weight))
+		sum += out[i]
+		if s.Weight > shares[largest].Weight {
+			largest = i
+		}
+	}
+	if sum > n { // float rounding near 2^64
+		clear(out)
+		out[largest] = n
+		return out
+	}
+	out[largest] += n - sum
+	return out
+}
