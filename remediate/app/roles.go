@@ -97,6 +97,9 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 		if err := persistBreaker(ctx, st, fleet, &fleet.OnBreakerChange, m, logger); err != nil {
 			return role{}, err
 		}
+		// The agents' results come back into this store, for the fleet's
+		// audit record and `gpu-orphan report --url`.
+		go d.Follow(ctx, st)
 		return role{
 			exec: d, breaker: fleet,
 			classify: dispatchClassifier(o.NodeLabel, o.UUIDLabel, d),

@@ -1,6 +1,10 @@
 // Package dispatch is the fleet's single webhook target: it forwards each
 // alert to the remediator of the node it names, under fleet-wide limits,
 // and retries an unreachable node before it records the action as failed.
+// Once an agent took an alert, Follow collects the agent's result into the
+// dispatcher's record (remediate.Action.Agent, with the agent's evidence,
+// targets, freed bytes and dead owners), so that the dispatcher's audit
+// store speaks for the whole fleet.
 package dispatch
 
 import (
@@ -40,8 +44,12 @@ type Config struct {
 	// MaxAttempts bounds retries to an unreachable agent before the action
 	// is recorded as failed (it is never dropped silently).
 	MaxAttempts int
-	Metrics     *remediate.Metrics
-	Logger      *slog.Logger
+	// FollowInterval is how often Follow asks agents for the results it
+	// waits for; FollowFor how long after an alert it keeps asking.
+	FollowInterval time.Duration
+	FollowFor      time.Duration
+	Metrics        *remediate.Metrics
+	Logger         *slog.Logger
 }
 
 // Dispatcher forwards each alert to the agent of the node it names.
@@ -75,6 +83,15 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	if d.cfg.NodeLabel == "" {
 		d.cfg.NodeLabel = "node"
+	}
+	if d.cfg.FollowInterval <= 0 {
+		d.cfg.FollowInterval = time.Second
+	}
+	if d.cfg.FollowFor <= 0 {
+		d.cfg.FollowFor = DefaultFollowFor
+	}
+	if d.cfg.Logger == nil {
+		d.cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return d, nil
 }
@@ -129,7 +146,17 @@ func validURL(s string) (*url.URL, error) {
 	return u, nil
 }
 
+// agentURL is the webhook endpoint of node's agent.
 func (d *Dispatcher) agentURL(node string) (string, error) {
+	base, err := d.agentBase(node)
+	if err != nil {
+		return "", err
+	}
+	return base + "/api/v1/alerts", nil
+}
+
+// agentBase is the base URL of node's agent.
+func (d *Dispatcher) agentBase(node string) (string, error) {
 	base, ok := d.cfg.Targets[node]
 	if !ok {
 		if d.tmpl == nil || !validNodeName(node) {
@@ -145,7 +172,7 @@ func (d *Dispatcher) agentURL(node string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return strings.TrimSuffix(u.String(), "/") + "/api/v1/alerts", nil
+	return strings.TrimSuffix(u.String(), "/"), nil
 }
 
 func (d *Dispatcher) knownNodes(node string) int {
@@ -181,6 +208,9 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		d.forget(a.ID)
 		d.cfg.Fleet.Report(a.Node, limits.Succeeded)
 		a.State, a.Reason = remediate.StateSucceeded, "forwarded to "+target+": "+strings.TrimSpace(body)
+		if a.Agent = agentResult(strings.TrimSuffix(target, "/api/v1/alerts"), a.AlertFingerprint, body); a.Agent == nil {
+			d.cfg.Logger.Warn("The agent's reply names no action: its result will not be collected", "action", a.ID, "node", a.Node)
+		}
 		return a, 0
 	}
 	reason := fmt.Sprintf("node agent %s answered %d: %s", target, code, strings.TrimSpace(body))
