@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the tests and `make run` need beyond Go modules: Debian's
-# prometheus (promtool) and prometheus-alertmanager (amtool).
+# prometheus (promtool), prometheus-alertmanager (amtool), psmisc (fuser,
+# the benchmarks' baseline) and chromium (the /actions page's test).
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 # Debian installs Alertmanager as /usr/bin/prometheus-alertmanager.
 command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || missing+=(prometheus-alertmanager)
 command -v fuser >/dev/null || missing+=(psmisc)
+# The /actions page is tested in a real headless browser.
+command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "deps: installing ${missing[*]} (Debian packages)"
 sudo=""

@@ -46,6 +46,7 @@ func run() int {
 	a.Flag("alert.node-label", "The alert label that names the node.").Default("node").StringVar(&o.NodeLabel)
 	a.Flag("alert.uuid-label", "The alert label that names the GPU by UUID.").Default("uuid").StringVar(&o.UUIDLabel)
 	a.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged.").Default("/var/lib/gpu-orphan/remediator.db").StringVar(&o.StorePath)
+	a.Flag("web.ui.open", "Serve the /actions page (who leaks most, the latest actions, the breaker) without authentication, for a trusted network. Without it the page needs the API's bearer token or client certificate.").BoolVar(&o.UIOpen)
 	cli.DurationVar(a.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s"), &o.Interval)
 	backend := cli.AddBackendFlags(a)
 	remediation := remediateflag.AddRemediatorFlags(a)

@@ -29,6 +29,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+	"github.com/gpu-orphan/gpu-orphan/remediate/ui"
 )
 
 // Role is what the remediator does with the alerts it accepts.
@@ -60,6 +61,9 @@ type Options struct {
 	// StorePath is the audit database; its directory is created if need
 	// be, once everything else checked out.
 	StorePath string
+	// UIOpen serves the /actions page without authentication, for a
+	// trusted network; otherwise it is behind the API's.
+	UIOpen bool
 
 	// The node's cleanup.
 	Backend cli.Backend
@@ -204,6 +208,13 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	if err != nil {
 		return err
 	}
+	page := ui.Handler(ui.Config{Store: st, Breaker: r.breaker, Role: string(o.Role), Logger: logger})
+	if !o.UIOpen {
+		page = auth.Wrap(page)
+	}
+	root := http.NewServeMux()
+	root.Handle("GET /actions", page)
+	root.Handle("/", router)
 
 	// Running cleanups get the grace period plus the verification time to
 	// finish on shutdown.
@@ -214,7 +225,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 
 	logger.Info("Starting gpu-orphan-remediator", "version", version.Info(), "role", o.Role, "node", o.NodeName,
 		"act", o.Act, "policy", o.Decide.Policy, "store", o.StorePath)
-	server := &http.Server{Handler: router, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+	server := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(server, o.Web, logger) }()
 	select {
