@@ -3,9 +3,7 @@ package exporter_test
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,46 +13,10 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
-// Real cgroup hierarchies of this kind of machine: cgroup v2 mounted at
-// /sys/fs/cgroup/unified beside v1 controllers (a hybrid host).
 const (
-	cgroupV2      = "/sys/fs/cgroup/unified"
-	cgroupV1      = "/sys/fs/cgroup/freezer"
 	testPodUID    = "1b4e28ba-2fa1-11d2-883f-0016d3cca427"
 	testContainer = "3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c3f4e2d1c"
 )
-
-// intoCgroup moves pid into the cgroup rel (created) of the hierarchy
-// mounted at mount, as slurmd or the kubelet would place a job; it skips
-// the test where cgroups cannot be made. The cgroup is removed at cleanup.
-func intoCgroup(t *testing.T, mount, rel string, pid int) {
-	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("making cgroups needs root")
-	}
-	if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err != nil {
-		t.Skipf("no cgroup hierarchy at %s", mount)
-	}
-	dir := filepath.Join(mount, rel)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Skipf("cannot make cgroup %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		// Move whatever is left back to the root, then remove leaf first.
-		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil {
-			for _, p := range strings.Fields(string(b)) {
-				// Best effort: a process that exited since needs no move.
-				_ = os.WriteFile(filepath.Join(mount, "cgroup.procs"), []byte(p), 0)
-			}
-		}
-		for d := dir; d != mount && strings.HasPrefix(d, mount); d = filepath.Dir(d) {
-			os.Remove(d)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		t.Skipf("cannot move %d into %s: %v", pid, dir, err)
-	}
-}
 
 // metricsURL starts an exporter on the node and returns its metrics URL.
 func metricsURL(t *testing.T, root string) string {
@@ -95,22 +57,23 @@ func waitOwned(t *testing.T, url string, pid int) {
 // keeps its context. The exporter that saw it alive names it; one started
 // after it died says it does not know.
 func TestDeadOwnerIdentity(t *testing.T) {
+	jobV2, jobV1 := testenv.SlurmJobID(), testenv.SlurmJobID()
 	for _, tc := range []struct {
 		name, mount, rel string
 		want             map[string]string
 	}{
-		{"slurm cgroup v2", cgroupV2, "system.slice/slurmstepd.scope/job_81234/step_0/user/task_0",
-			map[string]string{"slurm_job": "81234", "pod_uid": "", "container_id": ""}},
-		{"slurm cgroup v1", cgroupV1, "slurm/uid_0/job_4711/step_batch/task_0",
-			map[string]string{"slurm_job": "4711", "pod_uid": "", "container_id": ""}},
-		{"kubernetes", cgroupV2, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" +
+		{"slurm cgroup v2", testenv.CgroupV2, testenv.SlurmV2Step(jobV2),
+			map[string]string{"slurm_job": jobV2, "pod_uid": "", "container_id": ""}},
+		{"slurm cgroup v1", testenv.CgroupV1, "slurm/uid_0/job_" + jobV1 + "/step_batch/task_0",
+			map[string]string{"slurm_job": jobV1, "pod_uid": "", "container_id": ""}},
+		{"kubernetes", testenv.CgroupV2, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" +
 			strings.ReplaceAll(testPodUID, "-", "_") + ".slice/cri-containerd-" + testContainer + ".scope",
 			map[string]string{"slurm_job": "", "pod_uid": testPodUID, "container_id": testContainer}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testenv.SimNode(t, 2)
 			w := testenv.StartWorkload(t, root, 1, 1024, 1)
-			intoCgroup(t, tc.mount, tc.rel, w.PID)
+			testenv.IntoCgroup(t, tc.mount, tc.rel, w.PID)
 			url := metricsURL(t, root)
 			waitOwned(t, url, w.PID)
 			time.Sleep(300 * time.Millisecond) // a snapshot after the move

@@ -104,7 +104,11 @@ func (b *ownerBook) update(s *Snapshot) {
 					e = &ownerEntry{id: identityOf(*o.Process, now)}
 					b.entries[k] = e
 				}
-				e.id.LastSeen, e.listed = now, now
+				// The latest look wins: a job may be moved into its
+				// cgroup, or change its name, after it first owns memory.
+				first := e.id.FirstSeen
+				e.id = identityOf(*o.Process, now)
+				e.id.FirstSeen, e.listed = first, now
 				continue
 			}
 			if o.Alive {

@@ -22,6 +22,11 @@ func TestOwnerBook(t *testing.T) {
 		Cgroup: "/system.slice/slurmstepd.scope/job_81234/step_0/user/task_0", SlurmJob: "81234", SlurmStep: "0"}
 	b := newOwnerBook(time.Minute, 3)
 
+	// First seen before slurmd moved it into its step's cgroup: the latest
+	// look is what is remembered.
+	early := trainer
+	early.Cgroup, early.SlurmJob, early.SlurmStep = "/user.slice", "", ""
+	b.update(ownerSnap(t0.Add(-time.Second), liveOwner(early)))
 	b.update(ownerSnap(t0, liveOwner(trainer)))
 	// It dies; NVML lists its PID, and the PID is someone else's now
 	// (no live owner: ReusedBy is set and Alive is false).
@@ -32,8 +37,8 @@ func TestOwnerBook(t *testing.T) {
 	if id == nil || id.StartTime != 1000 || id.User != "alice" || id.SlurmJob != "81234" || id.Cmdline != "python3 train.py" {
 		t.Fatalf("dead owner identity %+v, want the trainer's", id)
 	}
-	if !id.LastSeen.Equal(t0) {
-		t.Errorf("LastSeen %v, want %v", id.LastSeen, t0)
+	if !id.LastSeen.Equal(t0) || !id.FirstSeen.Equal(t0.Add(-time.Second)) {
+		t.Errorf("seen %v to %v, want %v to %v", id.FirstSeen, id.LastSeen, t0.Add(-time.Second), t0)
 	}
 
 	// Another GPU's owner with the same PID is not this one.
