@@ -60,6 +60,12 @@ var benchWorkloads = []struct {
 	{gpu: 7, mib: 1024, children: 1},
 }
 
+// benchOwners is how many NVML-listed owners the node has in all (issue
+// 11: the owner table is measured with 8 GPUs, 64 owners and 2,000
+// processes): benchWorkloads' creators, then small live jobs spread over
+// the GPUs.
+const benchOwners = 64
+
 // benchSuspects is how many holder_info series the node must show: the
 // children of the orphan workloads.
 func benchSuspects() int {
@@ -108,6 +114,9 @@ func benchNode(b *testing.B) string {
 		if spec.orphan {
 			w.KillParent(b)
 		}
+	}
+	for i := len(benchWorkloads); i < benchOwners; i++ {
+		testenv.StartWorkload(b, root, i%benchGPUs, 64, 0)
 	}
 	return root
 }
