@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/version"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 )
 
@@ -60,18 +61,18 @@ func run() int {
 
 	initCmd := app.Command("init", "Create a node: DIR/node.json, one device node per GPU in DIR/dev, and DIR/contexts.")
 	initRoot := initCmd.Flag("root", "Directory of the node.").PlaceHolder("DIR").Required().String()
-	initGPUs := initCmd.Flag("gpus", fmt.Sprintf("Number of GPUs, 1 to %d.", sim.MaxGPUs)).Required().Int()
+	initGPUs := cli.Int(initCmd.Flag("gpus", fmt.Sprintf("Number of GPUs, 1 to %d.", sim.MaxGPUs)).Required())
 	initForce := initCmd.Flag("force", "Replace a node that DIR already holds.").Bool()
 
 	runCmd := app.Command("run", "Run a workload: create a CUDA context on a GPU, start children that inherit it, print "+
 		"'ready PID CHILD1 ...' on one line, and sleep until killed. Exits 1 when the GPU is out of memory.")
 	runRoot := runCmd.Flag("root", "Directory of the node.").PlaceHolder("DIR").Required().String()
-	runGPU := runCmd.Flag("gpu", "Index of the GPU.").Required().Int()
-	runMiB := runCmd.Flag("mib", "MiB to allocate.").Required().Uint64()
-	runChildren := runCmd.Flag("children", fmt.Sprintf("Forked workers (0 to %d) that inherit the context, like DataLoader workers.", sim.MaxChildren)).Default("0").Int()
+	runGPU := cli.Int(runCmd.Flag("gpu", "Index of the GPU.").Required())
+	runMiB := cli.Uint64(runCmd.Flag("mib", "MiB to allocate.").Required())
+	runChildren := cli.Int(runCmd.Flag("children", fmt.Sprintf("Forked workers (0 to %d) that inherit the context, like DataLoader workers.", sim.MaxChildren)).Default("0"))
 	runIgnore := runCmd.Flag("ignore-sigterm", "Make the children ignore SIGTERM; the workload itself still dies of it.").Bool()
-	runVisible := runCmd.Flag("visible", "Device nodes that the workload and its children open and map: own (its GPU's) or all "+
-		"(every GPU's, as a multi-GPU CUDA process opens every visible device; the context stays on --gpu).").Default(visibleOwn).String()
+	runVisible := cli.Enum(runCmd.Flag("visible", "Device nodes that the workload and its children open and map: own (its GPU's) or all "+
+		"(every GPU's, as a multi-GPU CUDA process opens every visible device; the context stays on --gpu).").Default(visibleOwn), visibleOwn, visibleAll)
 	runZombie := runCmd.Flag("zombie-leader", "After the ready line, end the main thread alone, as pthread_exit does: the process "+
 		"lives on in its other threads, holding the context, while /proc/PID shows it as a zombie with no fd or maps.").Bool()
 
@@ -85,11 +86,6 @@ func run() int {
 	cmd, err := app.Parse(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: %v; try --help\n", err)
-		return 2
-	}
-	// kingpin's Enum would name neither the flag nor the command.
-	if cmd == runCmd.FullCommand() && *runVisible != visibleOwn && *runVisible != visibleAll {
-		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: run --visible %q: want %s or %s; try --help\n", *runVisible, visibleOwn, visibleAll)
 		return 2
 	}
 	zombieLeader := cmd == runCmd.FullCommand() && *runZombie

@@ -131,6 +131,20 @@ func Int(f *kingpin.FlagClause) *int {
 	return target
 }
 
+// Uint64 makes f a flag of a count that cannot be negative, and returns
+// its value.
+func Uint64(f *kingpin.FlagClause) *uint64 {
+	target := new(uint64)
+	setValue(f, target, func(s string) (uint64, error) {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, errors.New("want a whole number, 0 or more")
+		}
+		return n, nil
+	}, func(n uint64) string { return strconv.FormatUint(n, 10) })
+	return target
+}
+
 // Float64Var makes f a number flag.
 func Float64Var(f *kingpin.FlagClause, target *float64) {
 	setValue(f, target, func(s string) (float64, error) {

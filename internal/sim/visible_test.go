@@ -65,7 +65,7 @@ func TestVisibleUsageErrors(t *testing.T) {
 	root := newNode(t, 1)
 	out, err := exec.Command(simBinary(t), "run", "--root", root, "--gpu", "0", "--mib", "1", "--visible", "none").CombinedOutput()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), `--visible "none": want own or all`) {
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), `invalid --visible "none": want one of own, all`) {
 		t.Errorf("run --visible none: %v, %q; want exit 2 naming the flag and its values", err, out)
 	}
 	// A child told of devices it did not inherit.
