@@ -3,6 +3,9 @@
 // with (compose-go, the Kubernetes API types, Prometheus's PromQL) stay out
 // of the root module, which lists only what the binaries use. `make test`
 // runs them; the replace below tests the code of this checkout.
+// github.com/prometheus/prometheus stays at v0.315.1 (only its PromQL
+// parser is used): v0.316.0 asks for go 1.26.7, and this module, like the
+// root, asks for no more than go 1.26.0.
 module github.com/gpu-orphan/gpu-orphan/test
 
 go 1.26.0
