@@ -43,12 +43,12 @@ func TestDispatcherRoutesAndLimits(t *testing.T) {
 	code, body := post(t, dispatcher, token, payload(
 		alert("firing", "node-a", gpuUUID(t, rootA, 1), fp(10), startsAt),
 		alert("firing", "node-b", gpuUUID(t, rootB, 1), fp(11), startsAt),
-		alert("firing", "node-c", gpuUUID(t, rootB, 1), fp(12), startsAt), // no route
+		alert("firing", "node-c", gpuUUID(t, rootB, 1), fp(12), startsAt), // on no allow-list: rejected
 	))
 	if code != http.StatusOK {
 		t.Fatalf("dispatcher: %d %s", code, body)
 	}
-	if r := results(t, body); r["accepted"] != 2 || r["ignored"] != 1 {
+	if r := results(t, body); r["accepted"] != 2 || r["rejected"] != 1 {
 		t.Fatalf("dispatcher results %v", r)
 	}
 

@@ -83,9 +83,11 @@ type Options struct {
 
 // Dispatch configures RoleDispatcher.
 type Dispatch struct {
-	// URLTemplate builds a node's base URL from {{.Node}}.
+	// URLTemplate builds a node's base URL from {{.Node}}, for the nodes
+	// that the targets file names with an empty URL only.
 	URLTemplate string
-	// TargetsFile is a JSON object of node name to base URL.
+	// TargetsFile is the allow-list: a JSON object of node name to base
+	// URL, read again when it changes.
 	TargetsFile string
 	// TokenFile holds the bearer token sent to node agents.
 	TokenFile   string
@@ -102,6 +104,7 @@ type Dispatch struct {
 type role struct {
 	exec     engine.Executor
 	classify intake.Classifier
+	reject   intake.Rejecter
 	breaker  api.Breaker
 	resolved func(store.Alert)
 	ready    func() error
@@ -182,7 +185,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	if o.Role == RoleNode {
 		status.Act, status.Policy = o.Act, o.Decide.Policy
 	}
-	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.classify, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
+	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.classify, Reject: r.reject, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
 		Resolved: r.resolved, Metrics: metrics, Logger: logger})
 	router, err := api.NewRouter(api.Config{
 		Webhook: webhook, Auth: auth, Store: st, Breaker: r.breaker, Registry: reg, Logger: logger,

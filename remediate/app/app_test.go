@@ -48,7 +48,8 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 		{"token too short", Options{Role: RoleNode, Auth: intake.AuthConfig{TokenFile: shortToken}}, "use at least 16"},
 		{"simulated backend without its root", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", ProcFS: "/proc"}}, "--sim.root"},
 		{"simulated node missing", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", SimRoot: filepath.Join(dir, "no-node"), ProcFS: "/proc"}}, "opening the simulated node"},
-		{"dispatcher without routes", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.url-template"},
+		{"dispatcher without routes", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.targets-file"},
+		{"dispatcher with a template and no allow-list", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836"}}, "--dispatch.targets-file"},
 		{"dispatcher's targets file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{TargetsFile: filepath.Join(dir, "no-targets.json")}}, "targets file"},
 		{"dispatcher's token file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", TokenFile: filepath.Join(dir, "no-token")}}, "--dispatch.token-file"},
 		{"unknown role", Options{Role: "everything", Auth: auth}, "unknown role"},
@@ -73,10 +74,14 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 // ends.
 func TestStartCreatesTheStore(t *testing.T) {
 	storePath := filepath.Join(t.TempDir(), "var", "remediator.db")
+	targets := filepath.Join(t.TempDir(), "targets.json")
+	if err := os.WriteFile(targets, []byte(`{"gpu-a": ""}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	wc := webConfig(t)
 	o := Options{
 		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
-		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", Timeout: time.Second},
+		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", TargetsFile: targets, Timeout: time.Second},
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

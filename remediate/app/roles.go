@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,14 +68,6 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 // dispatcherRole reads the dispatcher's routes and token, and returns what
 // wires the dispatcher to the store.
 func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog.Logger) (func(*store.Store) (role, error), error) {
-	var targets map[string]string
-	if o.Dispatch.TargetsFile != "" {
-		t, err := dispatch.LoadTargets(o.Dispatch.TargetsFile)
-		if err != nil {
-			return nil, err
-		}
-		targets = t
-	}
 	token := ""
 	if o.Dispatch.TokenFile != "" {
 		b, err := os.ReadFile(o.Dispatch.TokenFile)
@@ -85,15 +78,22 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 	}
 	fleet := limits.NewFleet(limits.FleetConfig{MaxNodes: o.Dispatch.MaxNodes, MaxFraction: o.Dispatch.MaxFraction, Window: o.Dispatch.Window,
 		BreakerFailures: o.Limits.BreakerFailures, BreakerWindow: o.Limits.BreakerWindow}, limits.RealClock{})
+	// The store opens after the checks; the dispatcher reads the alerts'
+	// labels from it, to forward them as received.
+	var labelStore *store.Store
 	d, err := dispatch.New(dispatch.Config{
-		URLTemplate: o.Dispatch.URLTemplate, Targets: targets, Token: token,
+		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Token: token,
 		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, NodeLabel: o.NodeLabel,
 		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger,
+		Labels: func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
+			return labelStore.AlertLabels(ctx, fingerprint, startsAt)
+		},
 	})
 	if err != nil {
 		return nil, err
 	}
 	return func(st *store.Store) (role, error) {
+		labelStore = st
 		if err := persistBreaker(ctx, st, fleet, &fleet.OnBreakerChange, m, logger); err != nil {
 			return role{}, err
 		}
@@ -102,13 +102,19 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 		go d.Follow(ctx, st)
 		return role{
 			exec: d, breaker: fleet,
-			classify: dispatchClassifier(o.NodeLabel, o.UUIDLabel, d),
+			classify: dispatchClassifier(o.NodeLabel, o.UUIDLabel),
+			reject: func(labels map[string]string) string {
+				if node := labels[o.NodeLabel]; !d.Known(node) {
+					return "node " + strconv.Quote(node) + " is on no allow-list (--dispatch.targets-file): never contacted"
+				}
+				return ""
+			},
 			// Resolved alerts go on to the node, to cancel its queued work.
 			resolved: func(a store.Alert) {
 				go func() {
 					ctx, cancel := context.WithTimeout(context.Background(), o.Dispatch.Timeout)
 					defer cancel()
-					d.ForwardResolved(ctx, a.Node, a.GPUUUID, a.Fingerprint, a.StartsAt)
+					d.ForwardResolved(ctx, a.Node, a.Labels, a.Fingerprint, a.StartsAt)
 				}()
 			},
 		}, nil
@@ -168,15 +174,13 @@ func nodeClassifier(nodeLabel, uuidLabel, nodeName string, gpus interface {
 	}
 }
 
-// dispatchClassifier accepts alerts that name a node it can route to.
-func dispatchClassifier(nodeLabel, uuidLabel string, d *dispatch.Dispatcher) intake.Classifier {
+// dispatchClassifier accepts alerts that name a GPU; nodes on no
+// allow-list are rejected before (role.reject).
+func dispatchClassifier(nodeLabel, uuidLabel string) intake.Classifier {
 	return func(labels map[string]string) (string, string, string) {
 		node, uuid := labels[nodeLabel], labels[uuidLabel]
-		switch {
-		case uuid == "" || !strings.HasPrefix(uuid, "GPU-") && !strings.HasPrefix(uuid, "MIG-"):
+		if uuid == "" || !strings.HasPrefix(uuid, "GPU-") && !strings.HasPrefix(uuid, "MIG-") {
 			return node, uuid, "no valid " + uuidLabel + " label"
-		case !d.Known(node):
-			return node, uuid, "no route to the node"
 		}
 		return node, uuid, ""
 	}

@@ -32,10 +32,14 @@ import (
 // Config configures the fleet dispatcher.
 type Config struct {
 	// URLTemplate builds a node agent's base URL from {{.Node}}, e.g.
-	// "https://{{.Node}}:9836". Used for nodes the targets file lacks.
+	// "https://{{.Node}}:9836". It fills only nodes that the targets name
+	// with an empty URL: the allow-list vouches for every host contacted.
 	URLTemplate string
-	// Targets maps node names to base URLs (from --dispatch.targets-file).
-	Targets map[string]string
+	// Targets is the allow-list: node names to base URLs, "" for the
+	// template's URL. TargetsFile, when set, is read instead, and read again
+	// whenever it changes (its modification time or size).
+	Targets     map[string]string
+	TargetsFile string
 	// Token is sent as a bearer token to node agents.
 	Token     string
 	Client    *http.Client
@@ -48,8 +52,12 @@ type Config struct {
 	// waits for; FollowFor how long after an alert it keeps asking.
 	FollowInterval time.Duration
 	FollowFor      time.Duration
-	Metrics        *remediate.Metrics
-	Logger         *slog.Logger
+	// Labels returns the labels of the alert (fingerprint, startsAt) as
+	// received; the store's AlertLabels. Without it, or without a record,
+	// the forwarded alert has only the node, the uuid and the alertname.
+	Labels  func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error)
+	Metrics *remediate.Metrics
+	Logger  *slog.Logger
 }
 
 // Dispatcher forwards each alert to the agent of the node it names.
@@ -59,15 +67,24 @@ type Dispatcher struct {
 
 	mu       sync.Mutex
 	attempts map[string]int
-	seen     map[string]bool
+
+	targetsMu    sync.Mutex
+	targets      map[string]string
+	targetsMtime time.Time
+	targetsSize  int64
 }
 
 // New validates cfg and returns a Dispatcher.
 func New(cfg Config) (*Dispatcher, error) {
-	if cfg.URLTemplate == "" && len(cfg.Targets) == 0 {
-		return nil, fmt.Errorf("the dispatcher needs --dispatch.url-template, --dispatch.targets-file, or both")
+	if cfg.TargetsFile == "" && len(cfg.Targets) == 0 {
+		return nil, fmt.Errorf("the dispatcher needs --dispatch.targets-file, the allow-list of its agents (node to URL; --dispatch.url-template fills only the nodes it names with an empty URL)")
 	}
-	d := &Dispatcher{cfg: cfg, attempts: map[string]int{}, seen: map[string]bool{}}
+	d := &Dispatcher{cfg: cfg, attempts: map[string]int{}, targets: cfg.Targets}
+	if cfg.TargetsFile != "" {
+		if err := d.reloadTargets(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.URLTemplate != "" {
 		t, err := template.New("url").Option("missingkey=error").Parse(cfg.URLTemplate)
 		if err != nil {
@@ -78,9 +95,15 @@ func New(cfg Config) (*Dispatcher, error) {
 	if d.cfg.MaxAttempts <= 0 {
 		d.cfg.MaxAttempts = 8
 	}
-	if d.cfg.Client == nil {
-		d.cfg.Client = &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: 10 * time.Second}
+	if d.cfg.Client != nil {
+		c := *d.cfg.Client
+		client = &c
 	}
+	// A redirect would send the token, and the alert, to a host that no
+	// allow-list vouches for: the 3xx is the answer, and a failure.
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	d.cfg.Client = client
 	if d.cfg.NodeLabel == "" {
 		d.cfg.NodeLabel = "node"
 	}
@@ -109,6 +132,9 @@ func LoadTargets(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("parsing the targets file %s (want {\"node\": \"https://node:9836\"}): %w", path, err)
 	}
 	for node, u := range m {
+		if u == "" {
+			continue // the URL template's, checked when it is used
+		}
 		if _, err := validURL(u); err != nil {
 			return nil, fmt.Errorf("targets file %s, node %q: %w", path, node, err)
 		}
@@ -116,12 +142,48 @@ func LoadTargets(path string) (map[string]string, error) {
 	return m, nil
 }
 
-// Known reports whether the dispatcher can route to node.
-func (d *Dispatcher) Known(node string) bool {
-	if _, ok := d.cfg.Targets[node]; ok {
-		return true
+// reloadTargets reads the targets file if it changed since it was last
+// read. A file that cannot be read or parsed keeps the previous allow-list
+// (and is an error at start-up).
+func (d *Dispatcher) reloadTargets() error {
+	if d.cfg.TargetsFile == "" {
+		return nil
 	}
-	return d.tmpl != nil && validNodeName(node)
+	fi, err := os.Stat(d.cfg.TargetsFile)
+	if err != nil {
+		return fmt.Errorf("reading the targets file: %w", err)
+	}
+	d.targetsMu.Lock()
+	defer d.targetsMu.Unlock()
+	if d.targets != nil && fi.ModTime().Equal(d.targetsMtime) && fi.Size() == d.targetsSize {
+		return nil
+	}
+	m, err := LoadTargets(d.cfg.TargetsFile)
+	if err != nil {
+		return err
+	}
+	if d.targets != nil {
+		d.cfg.Logger.Info("Targets file reloaded", "path", d.cfg.TargetsFile, "nodes", len(m))
+	}
+	d.targets, d.targetsMtime, d.targetsSize = m, fi.ModTime(), fi.Size()
+	return nil
+}
+
+// routes is the current allow-list, re-read when the file changed.
+func (d *Dispatcher) routes() map[string]string {
+	if err := d.reloadTargets(); err != nil {
+		d.cfg.Logger.Error("Reloading the targets file failed; keeping the previous allow-list", "err", err)
+	}
+	d.targetsMu.Lock()
+	defer d.targetsMu.Unlock()
+	return d.targets
+}
+
+// Known reports whether node is on the allow-list with a usable URL. A
+// node that is not is never contacted.
+func (d *Dispatcher) Known(node string) bool {
+	_, err := d.agentBase(node)
+	return err == nil
 }
 
 // validNodeName keeps label values that could rewrite a URL (paths,
@@ -155,12 +217,15 @@ func (d *Dispatcher) agentURL(node string) (string, error) {
 	return base + "/api/v1/alerts", nil
 }
 
-// agentBase is the base URL of node's agent.
+// agentBase is the base URL of node's agent, from the allow-list only.
 func (d *Dispatcher) agentBase(node string) (string, error) {
-	base, ok := d.cfg.Targets[node]
+	base, ok := d.routes()[node]
 	if !ok {
+		return "", fmt.Errorf("node %q is on no allow-list (--dispatch.targets-file)", node)
+	}
+	if base == "" {
 		if d.tmpl == nil || !validNodeName(node) {
-			return "", fmt.Errorf("no route to node %q", node)
+			return "", fmt.Errorf("node %q has no URL in the targets file and no --dispatch.url-template can fill it", node)
 		}
 		var b strings.Builder
 		if err := d.tmpl.Execute(&b, struct{ Node string }{node}); err != nil {
@@ -175,47 +240,46 @@ func (d *Dispatcher) agentBase(node string) (string, error) {
 	return strings.TrimSuffix(u.String(), "/"), nil
 }
 
-func (d *Dispatcher) knownNodes(node string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.seen[node] = true
-	n := len(d.cfg.Targets)
-	for s := range d.seen {
-		if _, ok := d.cfg.Targets[s]; !ok {
-			n++
-		}
-	}
-	return n
-}
-
 // Execute forwards one firing alert to its node (engine.Executor).
 func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
 	a.Source = "dispatch"
 	target, err := d.agentURL(a.Node)
 	if err != nil {
-		a.State, a.Reason = remediate.StateSkipped, err.Error()
+		// Taken off the allow-list since the alert came: never contacted.
+		a.State, a.Reason = remediate.StateSkipped, "rejected: "+err.Error()
 		return a, 0
 	}
-	if err := d.cfg.Fleet.Allow(a.Node, d.knownNodes(a.Node)); err != nil {
+	if err := d.cfg.Fleet.Allow(a.Node, len(d.routes())); err != nil {
 		if retry, limit, ok := limits.Retry(err); ok {
 			d.cfg.Metrics.Limited.WithLabelValues(limit).Inc()
 			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
 			return a, retry
 		}
 	}
-	code, body, err := d.Forward(ctx, target, a.Node, a.GPUUUID, "firing", a.AlertFingerprint, a.AlertStartsAt)
+	labels, err := d.labels(ctx, a)
+	if err != nil {
+		a.State, a.Reason = remediate.StateQueued, "retrying: reading the alert's labels: "+err.Error()
+		return a, time.Second
+	}
+	code, body, err := d.Forward(ctx, target, labels, "firing", a.AlertFingerprint, a.AlertStartsAt)
 	if err == nil && code/100 == 2 {
 		d.forget(a.ID)
 		d.cfg.Fleet.Report(a.Node, limits.Succeeded)
 		a.State, a.Reason = remediate.StateSucceeded, "forwarded to "+target+": "+strings.TrimSpace(body)
 		if a.Agent = agentResult(strings.TrimSuffix(target, "/api/v1/alerts"), a.AlertFingerprint, body); a.Agent == nil {
 			d.cfg.Logger.Warn("The agent's reply names no action: its result will not be collected", "action", a.ID, "node", a.Node)
+		} else if a.Agent.ActionID == "" {
+			// The agent made no action of it (another node, a GPU it
+			// does not have, a label it does not read): nothing was done.
+			a.State, a.Reason = remediate.StateSkipped, a.Agent.Reason
 		}
 		return a, 0
 	}
 	reason := fmt.Sprintf("node agent %s answered %d: %s", target, code, strings.TrimSpace(body))
 	if err != nil {
 		reason = fmt.Sprintf("node agent %s unreachable: %v", target, err)
+	} else if code/100 == 3 {
+		reason = fmt.Sprintf("node agent %s answered %d (a redirect, never followed): %s", target, code, strings.TrimSpace(body))
 	}
 	retryable := err != nil || code/100 == 5
 	n := d.attempt(a.ID)
@@ -225,10 +289,29 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		return a, time.Duration(1<<min(n, 6)) * time.Second
 	}
 	d.forget(a.ID)
-	d.cfg.Fleet.Report(a.Node, limits.Failed)
+	if d.Known(a.Node) {
+		// Only an agent on the allow-list speaks for the fleet's health.
+		d.cfg.Fleet.Report(a.Node, limits.Failed)
+	}
 	d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
 	a.State, a.Reason = remediate.StateFailed, reason
 	return a, 0
+}
+
+// labels are the alert's labels as the dispatcher received them, so that
+// the agent reads its own --alert.*-label names; without a Labels source
+// (or a record of them), the node and GPU under the default names.
+func (d *Dispatcher) labels(ctx context.Context, a remediate.Action) (map[string]string, error) {
+	if d.cfg.Labels != nil {
+		l, err := d.cfg.Labels(ctx, a.AlertFingerprint, a.AlertStartsAt)
+		if err != nil {
+			return nil, err
+		}
+		if len(l) > 0 {
+			return l, nil
+		}
+	}
+	return map[string]string{d.cfg.NodeLabel: a.Node, "uuid": a.GPUUUID, "alertname": "GPUOrphanMemory"}, nil
 }
 
 func (d *Dispatcher) attempt(id string) int {
@@ -246,24 +329,25 @@ func (d *Dispatcher) forget(id string) {
 
 // ForwardResolved tells a node's agent that an alert resolved, so it can
 // cancel queued work. It is best effort: the agent's fresh snapshot is the
-// real safeguard.
-func (d *Dispatcher) ForwardResolved(ctx context.Context, node, gpuUUID, fingerprint string, startsAt time.Time) {
+// real safeguard. labels are the alert's, as received.
+func (d *Dispatcher) ForwardResolved(ctx context.Context, node string, labels map[string]string, fingerprint string, startsAt time.Time) {
 	target, err := d.agentURL(node)
 	if err != nil {
 		return
 	}
-	if _, _, err := d.Forward(ctx, target, node, gpuUUID, "resolved", fingerprint, startsAt); err != nil {
+	if _, _, err := d.Forward(ctx, target, labels, "resolved", fingerprint, startsAt); err != nil {
 		d.cfg.Logger.Warn("Forwarding a resolved alert failed", "node", node, "err", err)
 	}
 }
 
 // Forward posts a one-alert webhook payload (version 4) to a node agent,
-// keeping the alert's fingerprint and startsAt so the agent stays
-// idempotent across dispatcher retries.
-func (d *Dispatcher) Forward(ctx context.Context, target, node, gpuUUID, status, fingerprint string, startsAt time.Time) (int, string, error) {
+// with the alert's labels as received, keeping its fingerprint and
+// startsAt so the agent stays idempotent across dispatcher retries and
+// across dispatcher replicas.
+func (d *Dispatcher) Forward(ctx context.Context, target string, labels map[string]string, status, fingerprint string, startsAt time.Time) (int, string, error) {
 	alert := amtemplate.Alert{
 		Status:      status,
-		Labels:      amtemplate.KV{d.cfg.NodeLabel: node, "uuid": gpuUUID, "alertname": "GPUOrphanMemory"},
+		Labels:      amtemplate.KV(labels),
 		Annotations: amtemplate.KV{},
 		StartsAt:    startsAt,
 		Fingerprint: fingerprint,
@@ -273,7 +357,7 @@ func (d *Dispatcher) Forward(ctx context.Context, target, node, gpuUUID, status,
 			Receiver: "gpu-orphan-dispatcher", Status: status, Alerts: amtemplate.Alerts{alert},
 			GroupLabels: amtemplate.KV{}, CommonLabels: alert.Labels, CommonAnnotations: amtemplate.KV{},
 		},
-		Version: intake.SupportedVersion, GroupKey: "gpu-orphan-dispatcher/" + node,
+		Version: intake.SupportedVersion, GroupKey: "gpu-orphan-dispatcher/" + labels[d.cfg.NodeLabel],
 	}
 	body, err := json.Marshal(msg)
 	if err != nil {

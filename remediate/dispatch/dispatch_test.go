@@ -1,8 +1,10 @@
 package dispatch
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -84,13 +86,16 @@ func TestExecuteRetriesThenFails(t *testing.T) {
 	}
 }
 
-// TestRoutes: a template routes only node names that cannot rewrite the
-// URL; the targets file names any node.
+// TestRoutes: only nodes that the targets name are known; the template
+// fills only the nodes named with an empty URL, and only with names that
+// cannot rewrite the URL.
 func TestRoutes(t *testing.T) {
-	d := newDispatcher(t, Config{URLTemplate: "https://{{.Node}}:9836", Targets: map[string]string{"odd/name": "https://10.0.0.5:9836"}})
+	d := newDispatcher(t, Config{URLTemplate: "https://{{.Node}}:9836", Targets: map[string]string{
+		"odd/name": "https://10.0.0.5:9836", "gpu-a": "", "gpu-a.example.org": "", "user@host": "",
+	}})
 	for node, want := range map[string]bool{
 		"gpu-a": true, "gpu-a.example.org": true, "odd/name": true,
-		"": false, "evil.example.org/x?": false, "user@host": false, "{{.Node}}": false,
+		"gpu-b": false, "127.0.0.3": false, "": false, "evil.example.org/x?": false, "user@host": false, "{{.Node}}": false,
 	} {
 		if got := d.Known(node); got != want {
 			t.Errorf("Known(%q) = %v, want %v", node, got, want)
@@ -99,8 +104,92 @@ func TestRoutes(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("a dispatcher with no route was accepted")
 	}
-	if _, err := New(Config{URLTemplate: "https://{{.Node"}); err == nil {
+	if _, err := New(Config{URLTemplate: "https://{{.Node}}:9836"}); err == nil {
+		t.Error("a template without an allow-list was accepted")
+	}
+	if _, err := New(Config{URLTemplate: "https://{{.Node", Targets: map[string]string{"a": ""}}); err == nil {
 		t.Error("a template that does not parse was accepted")
+	}
+	noTemplate := newDispatcher(t, Config{Targets: map[string]string{"gpu-a": ""}})
+	if noTemplate.Known("gpu-a") {
+		t.Error("a node with no URL and no template is known")
+	}
+}
+
+// TestTargetsFileReloads: the allow-list follows its file: a node added is
+// routed, a node removed is no longer contacted, and a broken file keeps
+// the previous list.
+func TestTargetsFileReloads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "targets.json")
+	write := func(body string, mtime time.Time) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	write(`{"gpu-a": "http://10.0.0.5:9836"}`, now.Add(-time.Hour))
+	d := newDispatcher(t, Config{TargetsFile: path})
+	if !d.Known("gpu-a") || d.Known("gpu-b") {
+		t.Fatal("initial allow-list")
+	}
+	write(`{"gpu-b": "http://10.0.0.6:9836"}`, now.Add(-time.Minute))
+	if d.Known("gpu-a") || !d.Known("gpu-b") {
+		t.Error("the changed file was not read again")
+	}
+	write(`{"gpu-c": `, now)
+	if d.Known("gpu-c") || !d.Known("gpu-b") {
+		t.Error("a broken file must keep the previous allow-list")
+	}
+}
+
+// TestRedirectNotFollowed: an agent that answers 307 gets its answer taken
+// as a failure; the redirect's target receives nothing, no token.
+func TestRedirectNotFollowed(t *testing.T) {
+	var hits int
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		t.Errorf("the redirect was followed: %s %s, Authorization %q", r.Method, r.URL, r.Header.Get("Authorization"))
+	}))
+	defer elsewhere.Close()
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/steal", http.StatusTemporaryRedirect)
+	}))
+	defer agent.Close()
+	d := newDispatcher(t, Config{Targets: map[string]string{"gpu-a": agent.URL}, Token: "0123456789abcdef", Client: &http.Client{}})
+	a, _ := d.Execute(t.Context(), remediate.Action{ID: "1", Node: "gpu-a", GPUUUID: "GPU-1", AlertFingerprint: "f1", AlertStartsAt: time.Now()})
+	if a.State != remediate.StateFailed || !strings.Contains(a.Reason, "307") {
+		t.Errorf("after a 307: %s (%s), want failed", a.State, a.Reason)
+	}
+	if hits != 0 {
+		t.Errorf("the redirect target got %d requests", hits)
+	}
+}
+
+// TestForwardsLabelsAndAnswer: the alert goes on with its labels as
+// received (a custom uuid label reaches the agent), and an agent that
+// ignores it makes the dispatcher's action skipped, not succeeded.
+func TestForwardsLabelsAndAnswer(t *testing.T) {
+	var got intake.Message
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
+			t.Error(err)
+		}
+		_, _ = w.Write([]byte(`{"received":1,"results":{"ignored":1},"alerts":[{"fingerprint":"f1","result":"ignored","reason":"no uuid label"}]}`))
+	}))
+	defer agent.Close()
+	labels := map[string]string{"alertname": "GPUOrphanMemory", "node": "gpu-a", "gpu_uuid": "GPU-1", "team": "ml"}
+	d := newDispatcher(t, Config{Targets: map[string]string{"gpu-a": agent.URL},
+		Labels: func(context.Context, string, time.Time) (map[string]string, error) { return labels, nil }})
+	a, _ := d.Execute(t.Context(), remediate.Action{ID: "1", Node: "gpu-a", GPUUUID: "GPU-1", AlertFingerprint: "f1", AlertStartsAt: time.Now()})
+	if len(got.Alerts) != 1 || !maps.Equal(map[string]string(got.Alerts[0].Labels), labels) {
+		t.Errorf("forwarded labels %v, want %v", got.Alerts, labels)
+	}
+	if a.State != remediate.StateSkipped || !strings.Contains(a.Reason, "no uuid label") {
+		t.Errorf("an ignored alert: %s (%s), want skipped with the agent's reason", a.State, a.Reason)
 	}
 }
 

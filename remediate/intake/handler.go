@@ -33,10 +33,15 @@ type RoomChecker interface {
 // candidate.
 type Classifier func(labels map[string]string) (node, gpuUUID, ignoreReason string)
 
+// Rejecter, when set, refuses an alert outright (the dispatcher: a node on
+// no allow-list): it is recorded with the result "rejected", never work.
+type Rejecter func(labels map[string]string) (reason string)
+
 // Config configures the webhook handler.
 type Config struct {
 	Recorder Recorder
 	Classify Classifier
+	Reject   Rejecter
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int64
 	// Wake is called after alerts were accepted or resolved, to start work.
@@ -112,9 +117,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (int, error) {
 	}
 	for _, a := range msg.Alerts {
 		node, uuid, ignore := h.cfg.Classify(a.Labels)
+		rejected := false
+		if h.cfg.Reject != nil {
+			if why := h.cfg.Reject(a.Labels); why != "" {
+				ignore, rejected = why, true
+			}
+		}
 		n.Alerts = append(n.Alerts, store.Alert{
 			Fingerprint: a.Fingerprint, StartsAt: a.StartsAt, EndsAt: a.EndsAt, Status: a.Status,
 			Node: node, GPUUUID: uuid, Labels: a.Labels, Candidate: ignore == "", IgnoreReason: ignore,
+			Rejected: rejected,
 		})
 	}
 	outcomes, err := h.cfg.Recorder.RecordNotification(r.Context(), n)

@@ -226,7 +226,7 @@ func TestHandlerBadPayload(t *testing.T) {
 		{"not JSON", "hello", "invalid JSON payload"},
 		{"empty body", "", "invalid JSON payload"},
 		{"wrong version", with(t, func(p map[string]any) { p["version"] = "3" }), `unsupported payload version "3"`},
-		{"unknown field", with(t, func(p map[string]any) { p["foo"] = 1 }), `unknown field "foo"`},
+		{"known field of the wrong type", with(t, func(p map[string]any) { p["foo"] = 1; p["status"] = 1 }), "invalid JSON payload"},
 		{"no alerts", with(t, func(p map[string]any) { p["alerts"] = []any{} }), "payload has no alerts"},
 		{"bad fingerprint", withAlert(t, func(a map[string]any) { a["fingerprint"] = "nope" }), `alert 0: invalid fingerprint "nope"`},
 		{"zero startsAt", withAlert(t, func(a map[string]any) { delete(a, "startsAt") }), "alert 0: missing startsAt"},

@@ -37,12 +37,13 @@ func payloadErrorf(format string, args ...any) error {
 	return &PayloadError{Msg: fmt.Sprintf(format, args...)}
 }
 
-// ParseMessage decodes and validates a webhook body strictly: unknown
-// fields, trailing data, a wrong version, and alerts without a usable
-// identity are all rejected.
+// ParseMessage decodes and validates a webhook body: trailing data, a
+// known field of the wrong type, a wrong version, and alerts without a
+// usable identity are all rejected. Unknown fields are ignored: a newer
+// Alertmanager may add some to version 4, and it does not retry a 4xx, so
+// refusing them would silently stop remediation after an upgrade.
 func ParseMessage(body []byte) (*Message, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
 	m := &Message{Data: &template.Data{}}
 	if err := dec.Decode(m); err != nil {
 		return nil, payloadErrorf("invalid JSON payload: %v", err)

@@ -35,6 +35,10 @@ type Alert struct {
 	// IgnoreReason says why not otherwise.
 	Candidate    bool
 	IgnoreReason string
+	// Rejected marks an alert that is not merely ignored but refused: it
+	// names a node on no allow-list of a dispatcher. It is recorded with
+	// the result "rejected" and never becomes an action.
+	Rejected bool
 }
 
 // Results of RecordNotification, per alert.
@@ -43,6 +47,7 @@ const (
 	ResultDuplicate = "duplicate"
 	ResultIgnored   = "ignored"
 	ResultResolved  = "resolved"
+	ResultRejected  = "rejected"
 )
 
 // ReasonResolvedBeforeAction is the reason of a queued action cancelled
@@ -166,6 +171,9 @@ func (s *Store) recordAlert(ctx context.Context, tx *sql.Tx, now time.Time, a Al
 	case first == 1 && resolved:
 		o.Result = ResultResolved
 		return o, nil
+	case first == 1 && a.Rejected:
+		o.Result, o.Reason = ResultRejected, reason
+		return o, nil
 	case first == 1:
 		o.Result, o.Reason = ResultIgnored, reason
 		return o, nil
@@ -235,4 +243,23 @@ func nullString(s string) any {
 		return nil
 	}
 	return s
+}
+
+// AlertLabels returns the labels of the alert (fingerprint, startsAt) as
+// its first delivery carried them; nil when it was never recorded.
+func (s *Store) AlertLabels(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
+	var js string
+	err := s.db.QueryRowContext(ctx, `SELECT labels_json FROM alerts WHERE fingerprint = ? AND starts_at = ?`,
+		fingerprint, formatTime(startsAt)).Scan(&js)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the labels of alert %s: %w", fingerprint, err)
+	}
+	var labels map[string]string
+	if err := fromJSON(js, &labels); err != nil {
+		return nil, err
+	}
+	return labels, nil
 }
