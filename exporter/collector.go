@@ -44,7 +44,7 @@ var (
 
 	processDesc = gpuDesc("process_memory_bytes", "GPU memory NVML charges to one listed PID, and whether that PID is alive.", "pid", "comm", "alive")
 	holderDesc  = gpuDesc("holder_info", "A live process holding the GPU's device node that is a suspect, with the reason; value 1.",
-		"pid", "pgid", "sid", "ppid", "comm", "user", "container", "pod", "reason")
+		"pid", "pgid", "sid", "ppid", "comm", "user", "container_id", "pod_uid", "reason")
 
 	deadOwnerDesc = gpuDesc("dead_owner_info", "A PID that NVML lists as an owner on the GPU but that is dead, with who it was while it lived (empty when this exporter never saw it alive: it started after the owner died); value 1.",
 		"pid", "comm", "user", "slurm_job", "pod_uid", "container_id")
