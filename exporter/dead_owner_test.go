@@ -110,31 +110,30 @@ func TestDeadOwnerIdentity(t *testing.T) {
 	}
 }
 
+// psOwner is a dead owner as gpu-orphan ps -o json names it, and the
+// table's output.
+type psOwner struct {
+	Known    bool   `json:"known"`
+	Comm     string `json:"comm"`
+	User     string `json:"user"`
+	SlurmJob string `json:"slurm_job"`
+	PodUID   string `json:"pod_uid"`
+	Unknown  string `json:"unknown"`
+	Table    string `json:"-"`
+}
+
 // psDeadOwner runs gpu-orphan ps -o json against the exporter at url and
 // returns the dead owner pid's identity.
-func psDeadOwner(t *testing.T, root, url string, pid int) struct {
-	Known                                        bool
-	Comm, User, SlurmJob, PodUID, Unknown, Table string
-} {
+func psDeadOwner(t *testing.T, root, url string, pid int) psOwner {
 	t.Helper()
-	var d struct {
-		Known                                        bool
-		Comm, User, SlurmJob, PodUID, Unknown, Table string
-	}
+	var d psOwner
 	args := []string{"ps", "--backend=sim", "--sim.root=" + root, "--exporter.url=" + url}
 	out, _ := exec.Command(testenv.Bin(t, "gpu-orphan"), append(args, "-o", "json")...).Output()
 	var r struct {
 		GPUs []struct {
 			Owners []struct {
-				PID       int `json:"pid"`
-				DeadOwner *struct {
-					Known    bool   `json:"known"`
-					Comm     string `json:"comm"`
-					User     string `json:"user"`
-					SlurmJob string `json:"slurm_job"`
-					PodUID   string `json:"pod_uid"`
-					Unknown  string `json:"unknown"`
-				} `json:"dead_owner"`
+				PID       int      `json:"pid"`
+				DeadOwner *psOwner `json:"dead_owner"`
 			} `json:"owners"`
 		} `json:"gpus"`
 	}
@@ -144,8 +143,7 @@ func psDeadOwner(t *testing.T, root, url string, pid int) struct {
 	for _, g := range r.GPUs {
 		for _, o := range g.Owners {
 			if o.PID == pid && o.DeadOwner != nil {
-				d.Known, d.Comm, d.User, d.SlurmJob, d.PodUID, d.Unknown = o.DeadOwner.Known, o.DeadOwner.Comm, o.DeadOwner.User,
-					o.DeadOwner.SlurmJob, o.DeadOwner.PodUID, o.DeadOwner.Unknown
+				d = *o.DeadOwner
 			}
 		}
 	}

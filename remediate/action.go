@@ -5,6 +5,7 @@
 package remediate
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -107,6 +108,25 @@ type DeadOwner struct {
 	ContainerID string    `json:"container_id,omitempty"`
 	Cgroup      string    `json:"cgroup,omitempty"`
 	LastSeen    time.Time `json:"last_seen,omitzero"`
+}
+
+// Who says in one line who the dead owner was, for people: "PID 463:
+// python3, user alice, Slurm job 81234".
+func (o DeadOwner) Who() string {
+	if !o.Known {
+		return fmt.Sprintf("PID %d: unknown", o.PID)
+	}
+	s := fmt.Sprintf("PID %d: %s, user %s", o.PID, o.Comm, o.User)
+	if o.SlurmJob != "" {
+		s += ", Slurm job " + o.SlurmJob
+	}
+	if o.PodUID != "" {
+		s += ", pod " + o.PodUID
+	}
+	if o.ContainerID != "" {
+		s += ", container " + o.ContainerID[:min(12, len(o.ContainerID))]
+	}
+	return s
 }
 
 // NewDeadOwners are the dead owners that NVML lists on a GPU, named as the

@@ -11,6 +11,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate"
 )
 
 // defaultExporterURL is the node's own gpu-orphan-exporter, at its default
@@ -129,22 +131,6 @@ func describeDeadOwner(pid uint32, d *ReportDeadOwner) string {
 	if !d.Known {
 		return fmt.Sprintf("PID %d: %s", pid, d.Unknown)
 	}
-	s := fmt.Sprintf("PID %d: %s, user %s", pid, d.Comm, d.User)
-	if d.SlurmJob != "" {
-		s += ", Slurm job " + d.SlurmJob
-	}
-	if d.PodUID != "" {
-		s += ", pod " + d.PodUID
-	}
-	if d.ContainerID != "" {
-		s += ", container " + short(d.ContainerID)
-	}
-	return s
-}
-
-func short(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
+	return remediate.DeadOwner{PID: pid, Known: true, Comm: d.Comm, User: d.User, SlurmJob: d.SlurmJob,
+		PodUID: d.PodUID, ContainerID: d.ContainerID}.Who()
 }

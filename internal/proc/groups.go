@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -95,30 +97,55 @@ func readFull(fd int, buf []byte) (int, error) {
 	return n, nil
 }
 
-// parseStat reads fields 3 (state) and 5 (pgrp) of /proc/PID/stat. comm,
-// field 2, may hold spaces and parentheses, so fields are counted from the
-// last ')'.
+// Stat is what ancestry and group listings need of /proc/PID/stat.
+type Stat struct {
+	State byte
+	PPID  int
+	PGRP  int
+	// StartTime is field 22: with the PID, the process's identity.
+	StartTime uint64
+}
+
+// parseStat reads fields 3 (state) and 5 (pgrp) of /proc/PID/stat.
 func parseStat(b []byte) (state byte, pgrp int, ok bool) {
+	st, ok := parseStatFields(b)
+	return st.State, st.PGRP, ok
+}
+
+// parseStatFields reads fields 3 (state), 4 (ppid), 5 (pgrp) and, when the
+// line has it, 22 (starttime) of /proc/PID/stat. comm, field 2, may hold
+// spaces and parentheses, so fields are counted from the last ')'.
+func parseStatFields(b []byte) (Stat, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, 0, false
+		return Stat{}, false
 	}
-	var f [3][]byte // state, ppid, pgrp
-	rest := b[i+1:]
-	for k := range f {
-		rest = bytes.TrimLeft(rest, " ")
-		end := bytes.IndexByte(rest, ' ')
-		if end < 0 {
-			return 0, 0, false
-		}
-		f[k], rest = rest[:end], rest[end:]
+	f := bytes.Fields(b[i+1:]) // f[0] is field 3
+	if len(f) < 4 || len(f[0]) != 1 {
+		return Stat{}, false
 	}
-	if len(f[0]) != 1 {
-		return 0, 0, false
+	ppid, err1 := strconv.Atoi(string(f[1]))
+	pgrp, err2 := strconv.Atoi(string(f[2]))
+	if err1 != nil || err2 != nil {
+		return Stat{}, false
 	}
-	pgrp, err := strconv.Atoi(string(f[2]))
+	st := Stat{State: f[0][0], PPID: ppid, PGRP: pgrp}
+	if len(f) > 19 {
+		st.StartTime, _ = strconv.ParseUint(string(f[19]), 10, 64)
+	}
+	return st, true
+}
+
+// ReadStat reads the state, parent, group and start time of pid: one small
+// file, where Process reads four and looks up the user.
+func (fs FS) ReadStat(pid int) (Stat, error) {
+	b, err := os.ReadFile(filepath.Join(fs.root, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, 0, false
+		return Stat{}, fs.wrap(pid, "stat", err)
 	}
-	return f[0][0], pgrp, true
+	st, ok := parseStatFields(b)
+	if !ok {
+		return Stat{}, fmt.Errorf("%s/%d/stat: cannot parse %q", fs.root, pid, b)
+	}
+	return st, nil
 }

@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"os"
 	"os/exec"
 	"slices"
 	"syscall"
@@ -78,5 +79,23 @@ func TestGroupMembers(t *testing.T) {
 	}
 	if _, err := fs.GroupMembers(0); err == nil {
 		t.Error("Members(0) should fail")
+	}
+}
+
+func TestReadStatOwnProcess(t *testing.T) {
+	fs, err := NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := fs.ReadStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := fs.Process(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PPID != p.PPID || st.PGRP != p.PGID || st.StartTime != p.StartTime || st.StartTime == 0 {
+		t.Errorf("ReadStat = %+v, want the PPID %d, group %d and start time %d that Process reads", st, p.PPID, p.PGID, p.StartTime)
 	}
 }

@@ -261,6 +261,7 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 		t.cfg.Logger.Info("Descriptors shielded by a security policy even from CAP_SYS_PTRACE: these processes are not scanned", "pids", scan.Shielded)
 	}
 	jobs := t.liveJobs(s)
+	parents := map[int]proc.Stat{}
 	for dev, idxs := range want {
 		holdings := slices.DeleteFunc(slices.Clone(scan.Holders[dev]), func(h proc.Holding) bool {
 			return slices.Contains(t.cfg.ExcludePIDs, h.PID)
@@ -269,7 +270,7 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 		var holders []Holding
 		for _, h := range holdings {
 			pids = append(pids, h.PID)
-			if hd, ok := t.holding(h, jobs); ok {
+			if hd, ok := t.holding(h, jobs, parents); ok {
 				holders = append(holders, hd)
 			}
 		}
@@ -287,13 +288,23 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 	return true, nil
 }
 
-// liveJobs maps each live owner's PID to the GPUs where it owns memory.
-func (t *Taker) liveJobs(s *Snapshot) map[int][]string {
-	jobs := map[int][]string{}
+// procKey names a process as the kernel does: its PID and start time.
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+// liveJobs maps each live owner to the GPUs where it owns memory.
+func (t *Taker) liveJobs(s *Snapshot) map[procKey][]string {
+	jobs := map[procKey][]string{}
 	for _, g := range s.GPUs {
 		for _, o := range g.Owners {
-			if o.Alive && !slices.Contains(jobs[int(o.PID)], g.Device.UUID) {
-				jobs[int(o.PID)] = append(jobs[int(o.PID)], g.Device.UUID)
+			if !o.Alive || o.Process == nil {
+				continue
+			}
+			k := procKey{int(o.PID), o.Process.StartTime}
+			if !slices.Contains(jobs[k], g.Device.UUID) {
+				jobs[k] = append(jobs[k], g.Device.UUID)
 			}
 		}
 	}
@@ -301,19 +312,21 @@ func (t *Taker) liveJobs(s *Snapshot) map[int][]string {
 }
 
 // holding reads who a holder is, whether it maps the device, and which live
-// jobs it belongs to. ok is false when it is not alive.
-func (t *Taker) holding(h proc.Holding, jobs map[int][]string) (Holding, bool) {
+// jobs it belongs to. ok is false when it is not alive. parents caches the
+// ancestors' stat lines over one scan: holders share their ancestors.
+func (t *Taker) holding(h proc.Holding, jobs map[procKey][]string, parents map[int]proc.Stat) (Holding, bool) {
 	p, ok := t.cfg.Proc.Alive(h.PID)
 	if !ok {
 		return Holding{}, false
 	}
 	mapped, err := t.cfg.Proc.Maps(h)
 	hd := Holding{Process: p, Mapped: err == nil && mapped}
-	// A worker belongs to a live job through its ancestry, on any GPU:
-	// the process itself, its parent, and so on up to init.
-	pid, ppid := h.PID, p.PPID
+	// A worker belongs to a live job through its ancestry, on any GPU: the
+	// process itself, its parent, and so on up to init; each one by PID
+	// and start time, so that a reused PID is nobody's ancestor.
+	k, ppid := procKey{h.PID, p.StartTime}, p.PPID
 	for range 64 { // a bounded walk up the process tree
-		for _, uuid := range jobs[pid] {
+		for _, uuid := range jobs[k] {
 			if !slices.Contains(hd.LiveJobGPUs, uuid) {
 				hd.LiveJobGPUs = append(hd.LiveJobGPUs, uuid)
 			}
@@ -321,11 +334,14 @@ func (t *Taker) holding(h proc.Holding, jobs map[int][]string) (Holding, bool) {
 		if ppid <= 1 {
 			break
 		}
-		parent, ok := t.cfg.Proc.Alive(ppid)
+		st, ok := parents[ppid]
 		if !ok {
-			break
+			if st, err = t.cfg.Proc.ReadStat(ppid); err != nil {
+				break
+			}
+			parents[ppid] = st
 		}
-		pid, ppid = ppid, parent.PPID
+		k, ppid = procKey{ppid, st.StartTime}, st.PPID
 	}
 	return hd, true
 }

@@ -134,7 +134,7 @@ func (cfg Config) view(ctx context.Context, by report.By, sinceText string, sinc
 	for _, a := range recent {
 		av := actionView{Action: a, JSON: "api/v1/actions/" + url.PathEscape(a.ID)}
 		for _, o := range a.DeadOwners {
-			av.DeadOwners = append(av.DeadOwners, deadOwner(o))
+			av.DeadOwners = append(av.DeadOwners, o.Who())
 		}
 		for _, t := range a.Targets {
 			av.Targets = append(av.Targets, fmt.Sprintf("%d %s %s → %s", t.PID, t.Comm, strings.Join(t.Signals, ","), orDefault(t.Outcome, "planned")))
@@ -142,21 +142,6 @@ func (cfg Config) view(ctx context.Context, by report.By, sinceText string, sinc
 		v.Actions = append(v.Actions, av)
 	}
 	return v, nil
-}
-
-// deadOwner is one line naming who left the memory.
-func deadOwner(o remediate.DeadOwner) string {
-	if !o.Known {
-		return fmt.Sprintf("PID %d: unknown", o.PID)
-	}
-	s := fmt.Sprintf("PID %d: %s, user %s", o.PID, o.Comm, o.User)
-	if o.SlurmJob != "" {
-		s += ", Slurm job " + o.SlurmJob
-	}
-	if o.PodUID != "" {
-		s += ", pod " + o.PodUID
-	}
-	return s
 }
 
 func orDefault(s, def string) string {
