@@ -77,8 +77,8 @@ func run() int {
 	app.Flag("sim.children", "The simulated job's forked children.").Default("2").IntVar(&o.children)
 	app.Flag("bin.dir", "Where gpu-orphan-exporter, -remediator and -sim are; default: beside this binary.").Envar("BIN_DIR").StringVar(&o.binDir)
 	app.Flag("rules.file", "The alert rules Prometheus evaluates (a shortened copy).").Default("alerts/gpu-orphan.rules.yml").StringVar(&o.rules)
-	app.Flag("exporter.port", "The exporter's port; 0: 9835. A port that is set is used or fails.").Envar("EXPORTER_PORT").IntVar(&o.expPort)
-	app.Flag("remediator.port", "The remediator's port; 0: 9836.").Envar("REMEDIATOR_PORT").IntVar(&o.remPort)
+	app.Flag("exporter.port", "The exporter's port; 0: 10835. A port that is set is used or fails.").Envar("EXPORTER_PORT").IntVar(&o.expPort)
+	app.Flag("remediator.port", "The remediator's port; 0: 10836.").Envar("REMEDIATOR_PORT").IntVar(&o.remPort)
 	app.Flag("prometheus.port", "Prometheus's port; 0: 9090, or 19090 if busy.").Envar("PROMETHEUS_PORT").IntVar(&o.promPort)
 	app.Flag("alertmanager.port", "Alertmanager's port; 0: 9093, or 19093 if busy.").Envar("ALERTMANAGER_PORT").IntVar(&o.amPort)
 	app.Flag("daemons.log-level", "The daemons' --log.level; empty: their default.").StringVar(&o.daemonLogLevel)
@@ -119,7 +119,7 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 		Dir: dir, BinDir: o.binDir, Prometheus: prom, Alertmanager: am, RulesFile: o.rules,
 		Backend: o.backend, NodeName: o.node, DryRun: !o.act, LogLevel: o.daemonLogLevel,
 		Ports: stack.Ports{
-			Exporter: ports(o.expPort, 9835), Remediator: ports(o.remPort, 9836),
+			Exporter: ports(o.expPort, 10835), Remediator: ports(o.remPort, 10836),
 			Prometheus: ports(o.promPort, 9090, 19090), Alertmanager: ports(o.amPort, 9093, 19093),
 		},
 		OnEvent: n.Event,

@@ -28,7 +28,7 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	app := kingpin.New("gpu-orphan-exporter", "Exports GPU memory that no live process owns (its creator is dead, yet forked children still hold it), and the processes that hold it.\n\nOn a machine without a GPU, run it on a simulated node: gpu-orphan-sim init --root DIR --gpus 2; gpu-orphan-exporter --backend=sim --sim.root=DIR")
-	webFlags := kingpinflag.AddFlags(app, ":9835")
+	webFlags := kingpinflag.AddFlags(app, ":10835")
 	telemetryPath := app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
 	interval := cli.Duration(app.Flag("collector.interval", "How often to take a snapshot of NVML and /proc in the background; scrapes serve the latest one.").Default("5s"))
 	orphanBytes := cli.Bytes(app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process. Bytes, or a size with a unit: 256MiB, 1GiB.").Default("256MiB"))

@@ -36,7 +36,7 @@ func run() int {
 --role=dispatcher is the single webhook target of a fleet: it routes each alert to the agent of the node it names, under fleet-wide limits.`)
 	var o app.Options
 	var maxBody uint64
-	o.Web = kingpinflag.AddFlags(a, ":9836")
+	o.Web = kingpinflag.AddFlags(a, ":10836")
 	a.Flag("auth.token-file", "File holding the bearer token that callers must send (Authorization: Bearer ...). Client certificates verified through --web.config.file are accepted too.").StringVar(&o.Auth.TokenFile)
 	a.Flag("auth.insecure-none", "Accept requests without any authentication. Only for local experiments.").BoolVar(&o.Auth.InsecureNone)
 	cli.Float64Var(a.Flag("auth.failures-per-minute", "Failed authentications allowed per source and minute before it gets 429.").Default("10"), &o.Auth.FailuresPerMinute)
@@ -57,8 +57,8 @@ func run() int {
 	cli.IntVar(a.Flag("limit.concurrency", "Cleanups running at once on this node.").Default(fmt.Sprint(def.MaxConcurrent)), &o.Limits.MaxConcurrent)
 	cli.IntVar(a.Flag("limit.breaker-failures", "Failed cleanups within --limit.breaker-window that open the circuit breaker (then nothing acts until POST /api/v1/breaker/reset).").Default(fmt.Sprint(def.BreakerFailures)), &o.Limits.BreakerFailures)
 	cli.DurationVar(a.Flag("limit.breaker-window", "Window for --limit.breaker-failures.").Default(def.BreakerWindow.String()), &o.Limits.BreakerWindow)
-	a.Flag("dispatch.url-template", "Dispatcher: node agent base URL, with {{.Node}} for the node label, e.g. https://{{.Node}}:9836; it fills only the nodes that --dispatch.targets-file names with an empty URL.").StringVar(&o.Dispatch.URLTemplate)
-	a.Flag("dispatch.targets-file", `Dispatcher: the allow-list of node agents, a JSON file mapping node names to base URLs, e.g. {"gpu-a": "https://10.0.0.5:9836", "gpu-b": ""} ("" for --dispatch.url-template's URL); read again when it changes. An alert for a node it does not name is rejected, and nothing is sent.`).StringVar(&o.Dispatch.TargetsFile)
+	a.Flag("dispatch.url-template", "Dispatcher: node agent base URL, with {{.Node}} for the node label, e.g. https://{{.Node}}:10836; it fills only the nodes that --dispatch.targets-file names with an empty URL.").StringVar(&o.Dispatch.URLTemplate)
+	a.Flag("dispatch.targets-file", `Dispatcher: the allow-list of node agents, a JSON file mapping node names to base URLs, e.g. {"gpu-a": "https://10.0.0.5:10836", "gpu-b": ""} ("" for --dispatch.url-template's URL); read again when it changes. An alert for a node it does not name is rejected, and nothing is sent.`).StringVar(&o.Dispatch.TargetsFile)
 	a.Flag("dispatch.token-file", "Dispatcher: bearer token sent to node agents.").StringVar(&o.Dispatch.TokenFile)
 	cli.IntVar(a.Flag("dispatch.max-nodes", "Dispatcher: most distinct nodes remediated per --dispatch.window.").Default("5"), &o.Dispatch.MaxNodes)
 	cli.Float64Var(a.Flag("dispatch.max-fraction", "Dispatcher: most nodes remediated per window, as a fraction of the known nodes (the stricter limit wins).").Default("0.1"), &o.Dispatch.MaxFraction)

@@ -17,7 +17,7 @@ import (
 
 // defaultExporterURL is the node's own gpu-orphan-exporter, at its default
 // --web.listen-address.
-const defaultExporterURL = "http://127.0.0.1:9835/metrics"
+const defaultExporterURL = "http://127.0.0.1:10835/metrics"
 
 // ReportDeadOwner is who a dead owner was, as the node's exporter saw it
 // alive (gpu_orphan_dead_owner_info). ps itself starts after the death, so

@@ -45,7 +45,7 @@ func run(args []string) int {
 	rep.Flag("by", "Group by user, slurm_job, comm (the dead owner's command) or node.").Default("user").HintOptions("user", "slurm_job", "comm", "node").StringVar(&ro.by)
 	cli.EnumVar(rep.Flag("output", "Output format: table, json or csv.").Short('o').Default("table"), &ro.output, "table", "json", "csv")
 	rep.Flag("store.path", "The remediator's audit database, opened read-only.").Default(defaultStorePath).IsSetByUser(&ro.storeSet).StringVar(&ro.storePath)
-	rep.Flag("url", "A remediator's base URL (http(s)://host:9836) to read GET /api/v1/actions from instead; a dispatcher's holds its agents' results.").StringVar(&ro.url)
+	rep.Flag("url", "A remediator's base URL (http(s)://host:10836) to read GET /api/v1/actions from instead; a dispatcher's holds its agents' results.").StringVar(&ro.url)
 	rep.Flag("auth.token-file", "The bearer token for --url (the remediator's --auth.token-file).").StringVar(&ro.tokenFile)
 	cli.DurationVar(rep.Flag("url.timeout", "Deadline of one request to --url.").Default("30s"), &ro.timeout)
 

@@ -49,9 +49,9 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 		{"simulated backend without its root", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", ProcFS: "/proc"}}, "--sim.root"},
 		{"simulated node missing", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", SimRoot: filepath.Join(dir, "no-node"), ProcFS: "/proc"}}, "opening the simulated node"},
 		{"dispatcher without routes", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.targets-file"},
-		{"dispatcher with a template and no allow-list", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836"}}, "--dispatch.targets-file"},
+		{"dispatcher with a template and no allow-list", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836"}}, "--dispatch.targets-file"},
 		{"dispatcher's targets file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{TargetsFile: filepath.Join(dir, "no-targets.json")}}, "targets file"},
-		{"dispatcher's token file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", TokenFile: filepath.Join(dir, "no-token")}}, "--dispatch.token-file"},
+		{"dispatcher's token file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836", TokenFile: filepath.Join(dir, "no-token")}}, "--dispatch.token-file"},
 		{"unknown role", Options{Role: "everything", Auth: auth}, "unknown role"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,7 +81,7 @@ func TestStartCreatesTheStore(t *testing.T) {
 	wc := webConfig(t)
 	o := Options{
 		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
-		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:9836", TargetsFile: targets, Timeout: time.Second},
+		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836", TargetsFile: targets, Timeout: time.Second},
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

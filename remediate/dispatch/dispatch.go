@@ -32,7 +32,7 @@ import (
 // Config configures the fleet dispatcher.
 type Config struct {
 	// URLTemplate builds a node agent's base URL from {{.Node}}, e.g.
-	// "https://{{.Node}}:9836". It fills only nodes that the targets name
+	// "https://{{.Node}}:10836". It fills only nodes that the targets name
 	// with an empty URL: the allow-list vouches for every host contacted.
 	URLTemplate string
 	// Targets is the allow-list: node names to base URLs, "" for the
@@ -129,7 +129,7 @@ func LoadTargets(path string) (map[string]string, error) {
 	dec.DisallowUnknownFields()
 	var m map[string]string
 	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("parsing the targets file %s (want {\"node\": \"https://node:9836\"}): %w", path, err)
+		return nil, fmt.Errorf("parsing the targets file %s (want {\"node\": \"https://node:10836\"}): %w", path, err)
 	}
 	for node, u := range m {
 		if u == "" {

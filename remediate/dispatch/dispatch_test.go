@@ -90,8 +90,8 @@ func TestExecuteRetriesThenFails(t *testing.T) {
 // fills only the nodes named with an empty URL, and only with names that
 // cannot rewrite the URL.
 func TestRoutes(t *testing.T) {
-	d := newDispatcher(t, Config{URLTemplate: "https://{{.Node}}:9836", Targets: map[string]string{
-		"odd/name": "https://10.0.0.5:9836", "gpu-a": "", "gpu-a.example.org": "", "user@host": "",
+	d := newDispatcher(t, Config{URLTemplate: "https://{{.Node}}:10836", Targets: map[string]string{
+		"odd/name": "https://10.0.0.5:10836", "gpu-a": "", "gpu-a.example.org": "", "user@host": "",
 	}})
 	for node, want := range map[string]bool{
 		"gpu-a": true, "gpu-a.example.org": true, "odd/name": true,
@@ -104,7 +104,7 @@ func TestRoutes(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("a dispatcher with no route was accepted")
 	}
-	if _, err := New(Config{URLTemplate: "https://{{.Node}}:9836"}); err == nil {
+	if _, err := New(Config{URLTemplate: "https://{{.Node}}:10836"}); err == nil {
 		t.Error("a template without an allow-list was accepted")
 	}
 	if _, err := New(Config{URLTemplate: "https://{{.Node", Targets: map[string]string{"a": ""}}); err == nil {
@@ -131,12 +131,12 @@ func TestTargetsFileReloads(t *testing.T) {
 		}
 	}
 	now := time.Now()
-	write(`{"gpu-a": "http://10.0.0.5:9836"}`, now.Add(-time.Hour))
+	write(`{"gpu-a": "http://10.0.0.5:10836"}`, now.Add(-time.Hour))
 	d := newDispatcher(t, Config{TargetsFile: path})
 	if !d.Known("gpu-a") || d.Known("gpu-b") {
 		t.Fatal("initial allow-list")
 	}
-	write(`{"gpu-b": "http://10.0.0.6:9836"}`, now.Add(-time.Minute))
+	write(`{"gpu-b": "http://10.0.0.6:10836"}`, now.Add(-time.Minute))
 	if d.Known("gpu-a") || !d.Known("gpu-b") {
 		t.Error("the changed file was not read again")
 	}
@@ -202,14 +202,14 @@ func TestLoadTargets(t *testing.T) {
 		}
 		return p
 	}
-	m, err := LoadTargets(write("good.json", `{"gpu-a": "https://10.0.0.5:9836"}`))
-	if err != nil || m["gpu-a"] != "https://10.0.0.5:9836" {
+	m, err := LoadTargets(write("good.json", `{"gpu-a": "https://10.0.0.5:10836"}`))
+	if err != nil || m["gpu-a"] != "https://10.0.0.5:10836" {
 		t.Errorf("good targets: %v, %v", m, err)
 	}
 	for name, body := range map[string]string{
-		"not-json.json":    `gpu-a: https://10.0.0.5:9836`,
+		"not-json.json":    `gpu-a: https://10.0.0.5:10836`,
 		"ftp.json":         `{"gpu-a": "ftp://10.0.0.5"}`,
-		"credentials.json": `{"gpu-a": "https://user:pw@10.0.0.5:9836"}`,
+		"credentials.json": `{"gpu-a": "https://user:pw@10.0.0.5:10836"}`,
 	} {
 		if _, err := LoadTargets(write(name, body)); err == nil {
 			t.Errorf("%s was accepted", name)

@@ -39,9 +39,9 @@ func fleet() []remediate.Action {
 	notSlurm := owner(12, 2*gib, "alice", "", "python")
 	dispatched := action("node-c", remediate.StateSucceeded, 5*time.Hour, 2*gib, time.Hour, 2*gib, bob)
 	agentDone := t0.Add(5*time.Hour + 3*time.Second)
-	dispatched.Agent = &remediate.AgentResult{URL: "http://node-c:9836", ActionID: "x", State: remediate.StateSucceeded, FinishedAt: &agentDone}
+	dispatched.Agent = &remediate.AgentResult{URL: "http://node-c:10836", ActionID: "x", State: remediate.StateSucceeded, FinishedAt: &agentDone}
 	waiting := action("node-c", remediate.StateSucceeded, 6*time.Hour, 2*gib, time.Hour, 0, bob)
-	waiting.Agent = &remediate.AgentResult{URL: "http://node-c:9836", ActionID: "y", State: remediate.StateRunning}
+	waiting.Agent = &remediate.AgentResult{URL: "http://node-c:10836", ActionID: "y", State: remediate.StateRunning}
 	return []remediate.Action{
 		// 4 GiB for 30 min = 2 GiB·h, shared 3:1 by alice's and bob's jobs.
 		action("node-a", remediate.StateSucceeded, 0, 4*gib, 30*time.Minute, 4*gib, alice, bob),

@@ -91,7 +91,7 @@ func fullAction() remediate.Action {
 				LastSeen: t0.Add(-time.Minute)},
 			{PID: 4250, UsedBytes: 8 << 20},
 		},
-		Agent: &remediate.AgentResult{URL: "https://node-b:9836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
+		Agent: &remediate.AgentResult{URL: "https://node-b:10836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
 	}
 }
 

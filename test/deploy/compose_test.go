@@ -665,10 +665,10 @@ func TestComposeGrafana(t *testing.T) {
 // TestCheckAddressRejects makes sure the address check can fail.
 func TestCheckAddressRejects(t *testing.T) {
 	p := loadCompose(t)
-	if errs := addressErrors(p, "test", "exporter:9835"); len(errs) != 0 {
-		t.Errorf("exporter:9835: %v", errs)
+	if errs := addressErrors(p, "test", "exporter:10835"); len(errs) != 0 {
+		t.Errorf("exporter:10835: %v", errs)
 	}
-	for _, addr := range []string{"exporter:9836", "nosuchservice:9835", "exporter-sim:9835", "exporter"} {
+	for _, addr := range []string{"exporter:10836", "nosuchservice:10835", "exporter-sim:10835", "exporter"} {
 		if len(addressErrors(p, "test", addr)) == 0 {
 			t.Errorf("addressErrors(%q) found nothing wrong", addr)
 		}
