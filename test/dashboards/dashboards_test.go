@@ -107,9 +107,16 @@ func loadKnownMetrics(path string) (knownMetrics, error) {
 	return known, nil
 }
 
+// externalMetrics are other exporters' series that a dashboard may join,
+// each only where the panel still shows its rows without them
+// (TestPodNamesFromKubeStateMetrics).
+var externalMetrics = map[string]string{
+	"kube_pod_info": "kube-state-metrics",
+}
+
 // allows reports whether a query may use the series name.
 func (k knownMetrics) allows(name string) bool {
-	if name == "up" {
+	if _, ok := externalMetrics[name]; ok || name == "up" {
 		return true
 	}
 	if _, ok := k[name]; ok {
