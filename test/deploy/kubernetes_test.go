@@ -18,6 +18,7 @@ import (
 	"text/template"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	amconfig "github.com/prometheus/alertmanager/config"
 	"github.com/prometheus/prometheus/promql/parser"
 	appsv1 "k8s.io/api/apps/v1"
@@ -30,7 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-var update = flag.Bool("update", false, "rewrite kubernetes/prometheusrule.yaml from alerts/gpu-orphan.rules.yml")
+var update = flag.Bool("update", false, "rewrite the generated files: deploy/kubernetes/gpu-orphan.yaml from the chart, the chart's copies of alerts/ and dashboards/")
 
 const (
 	k8sDir       = "../../deploy/kubernetes"
@@ -39,6 +40,7 @@ const (
 	// Files of kubernetes/ that are not Kubernetes objects.
 	receiverFile      = "alertmanager-receiver.yaml"
 	kustomizationFile = "kustomization.yaml"
+	// k8sValuesFile (helm_test.go): the chart's values for kubernetes/.
 )
 
 // kinds are the objects the manifests may hold, each with its Go type.
@@ -58,6 +60,10 @@ var kinds = map[string]func() metav1.Object{
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() metav1.Object { return &rbacv1.ClusterRoleBinding{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":         func() metav1.Object { return &monitoringv1.ServiceMonitor{} },
 	"monitoring.coreos.com/v1/PrometheusRule":         func() metav1.Object { return &monitoringv1.PrometheusRule{} },
+	"monitoring.coreos.com/v1/PodMonitor":             func() metav1.Object { return &monitoringv1.PodMonitor{} },
+	"monitoring.coreos.com/v1alpha1/AlertmanagerConfig": func() metav1.Object {
+		return &monitoringv1alpha1.AlertmanagerConfig{}
+	},
 }
 
 // clusterScoped kinds carry no namespace.
@@ -133,7 +139,7 @@ func manifestFiles(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	files = slices.DeleteFunc(files, func(f string) bool {
-		return filepath.Base(f) == receiverFile || filepath.Base(f) == kustomizationFile
+		return filepath.Base(f) == receiverFile || filepath.Base(f) == kustomizationFile || filepath.Base(f) == k8sValuesFile
 	})
 	if len(files) == 0 {
 		t.Fatal("no manifests in kubernetes/")
@@ -386,12 +392,9 @@ func TestKubernetesWorkloads(t *testing.T) {
 	if store, _ := flagValue(rem.Args, "store.path"); !mountedFrom(spec, rem, store, func(v corev1.Volume) bool { return v.HostPath != nil }) {
 		t.Errorf("remediator: --store.path=%s is not on a hostPath volume", store)
 	}
-	var hostPort int32
-	for _, p := range rem.Ports {
-		hostPort = max(hostPort, p.HostPort)
-	}
 
-	// The dispatcher reaches each node's remediator by its node name.
+	// The dispatcher finds the agents through their Service's
+	// EndpointSlices (Kubernetes discovery), and runs as two replicas.
 	dep := find[appsv1.Deployment](objs, "gpu-orphan-dispatcher")
 	if dep == nil {
 		t.Fatal("no Deployment gpu-orphan-dispatcher")
@@ -403,16 +406,20 @@ func TestKubernetesWorkloads(t *testing.T) {
 	if r, _ := flagValue(d.Args, "role"); r != "dispatcher" {
 		t.Errorf("dispatcher: --role=%s", r)
 	}
-	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 1 {
-		t.Error("dispatcher: want exactly one replica: the fleet limits live in the process")
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
+		t.Error("dispatcher: want two replicas behind its Service")
 	}
-	tmpl, _ := flagValue(d.Args, "dispatch.url-template")
-	u, err := expandURLTemplate(tmpl, "gpu-node-7.example")
-	if err != nil {
-		t.Fatalf("dispatcher: --dispatch.url-template=%q: %v", tmpl, err)
+	svcName, _ := flagValue(d.Args, "dispatch.kubernetes.service")
+	portName, _ := flagValue(d.Args, "dispatch.kubernetes.port-name")
+	svc := find[corev1.Service](objs, svcName)
+	if svc == nil {
+		t.Fatalf("dispatcher: --dispatch.kubernetes.service=%q is not in the manifests", svcName)
 	}
-	if u.Hostname() != "gpu-node-7.example" || u.Port() != strconv.Itoa(int(hostPort)) {
-		t.Errorf("dispatcher: --dispatch.url-template gives %s; want the node name and the remediator's hostPort %d", u, hostPort)
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(ds.Spec.Template.Labels)) ||
+		!slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool {
+			return p.Name == portName && p.TargetPort.StrVal == rem.Ports[0].Name && p.Port == rem.Ports[0].ContainerPort
+		}) {
+		t.Errorf("Service %s: does not lead port %q to the DaemonSet's remediator", svc.Name, portName)
 	}
 }
 
@@ -536,50 +543,26 @@ func TestKubernetesServices(t *testing.T) {
 	}
 }
 
-func TestKubernetesServiceMonitor(t *testing.T) {
+func TestKubernetesMonitors(t *testing.T) {
 	objs := loadManifests(t)
-	sms := all[monitoringv1.ServiceMonitor](objs)
-	if len(sms) == 0 {
-		t.Fatal("no ServiceMonitor")
+	eps := monitorEndpoints(t, objs)
+	if len(eps) == 0 {
+		t.Fatal("no PodMonitor or ServiceMonitor endpoints")
 	}
-	scraped := map[string]bool{}
-	for _, sm := range sms {
-		sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
-		if err != nil || sel.Empty() {
-			t.Errorf("ServiceMonitor %s: selector: %v", sm.Name, err)
-			continue
+	jobs := map[string]bool{}
+	for _, ep := range eps {
+		if !slices.ContainsFunc(ep.relabelings, func(r monitoringv1.RelabelConfig) bool {
+			return r.TargetLabel == "node" && slices.Equal(r.SourceLabels, []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}) &&
+				(r.Action == "" || strings.EqualFold(r.Action, "replace"))
+		}) {
+			t.Errorf("%s: does not set node from __meta_kubernetes_pod_node_name", ep.where)
 		}
-		var selected []*corev1.Service
-		for _, svc := range all[corev1.Service](objs) {
-			inNS := sm.Spec.NamespaceSelector.Any || len(sm.Spec.NamespaceSelector.MatchNames) == 0 && svc.Namespace == sm.Namespace ||
-				slices.Contains(sm.Spec.NamespaceSelector.MatchNames, svc.Namespace)
-			if inNS && sel.Matches(labels.Set(svc.Labels)) {
-				selected = append(selected, svc)
-			}
-		}
-		for _, ep := range sm.Spec.Endpoints {
-			n := 0
-			for _, svc := range selected {
-				if slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port }) {
-					scraped[svc.Name] = true
-					n++
-				}
-			}
-			if n == 0 {
-				t.Errorf("ServiceMonitor %s: endpoint port %q is on no selected Service", sm.Name, ep.Port)
-			}
-			if !slices.ContainsFunc(ep.RelabelConfigs, func(r monitoringv1.RelabelConfig) bool {
-				return r.TargetLabel == "node" && slices.Equal(r.SourceLabels, []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}) &&
-					(r.Action == "" || strings.EqualFold(r.Action, "replace"))
-			}) {
-				t.Errorf("ServiceMonitor %s: endpoint %s does not set node from __meta_kubernetes_pod_node_name", sm.Name, ep.Port)
-			}
-		}
+		jobs[relabeledJob(ep.relabelings)] = true
 	}
-	// The job label is the Service's name; the alerts select these.
-	for _, job := range []string{"gpu-orphan-exporter", "gpu-orphan-remediator"} {
-		if !scraped[job] {
-			t.Errorf("no ServiceMonitor scrapes Service %s", job)
+	// The jobs the alerts select.
+	for _, job := range []string{"gpu-orphan-exporter", "gpu-orphan-remediator", "gpu-orphan-dispatcher"} {
+		if !jobs[job] {
+			t.Errorf("no monitor scrapes job %s; jobs: %v", job, keys(jobs))
 		}
 	}
 }
@@ -600,46 +583,8 @@ func loadRuleGroups(path string) ([]monitoringv1.RuleGroup, error) {
 	return f.Groups, nil
 }
 
-const prometheusRuleHeader = `# Generated from alerts/gpu-orphan.rules.yml by
-#   go test ./deploy/ -run TestKubernetesPrometheusRule -update
-# Edit the rules file, not this one; the test fails when they differ.
-apiVersion: monitoring.coreos.com/v1
-kind: PrometheusRule
-metadata:
-  name: gpu-orphan
-  namespace: gpu-orphan
-  labels:
-    app.kubernetes.io/name: gpu-orphan
-    # Match your Prometheus's ruleSelector.
-    release: prometheus
-spec:
-`
-
-// renderPrometheusRule embeds a rule file, comments included, as the
-// PrometheusRule's spec.
-func renderPrometheusRule(rules []byte) []byte {
-	var b bytes.Buffer
-	b.WriteString(prometheusRuleHeader)
-	for _, line := range strings.SplitAfter(string(rules), "\n") {
-		if strings.TrimSpace(line) != "" {
-			b.WriteString("  ")
-		}
-		b.WriteString(line)
-	}
-	return b.Bytes()
-}
-
 func TestKubernetesPrometheusRule(t *testing.T) {
-	ruleFile := filepath.Join(k8sDir, "prometheusrule.yaml")
-	if *update {
-		rules, err := os.ReadFile(rulesFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(ruleFile, renderPrometheusRule(rules), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ruleFile := filepath.Join(k8sDir, k8sGeneratedFile)
 	objs := loadManifests(t)
 	prs := all[monitoringv1.PrometheusRule](objs)
 	if len(prs) != 1 {
@@ -669,7 +614,7 @@ func TestKubernetesPrometheusRule(t *testing.T) {
 		t.Fatalf("%s: %v", rulesFile, err)
 	}
 	if !reflect.DeepEqual(pr.Spec.Groups, want) {
-		t.Errorf("%s's groups differ from %s; run: go test ./deploy/ -run TestKubernetesPrometheusRule -update", ruleFile, rulesFile)
+		t.Errorf("%s's groups differ from %s; run: go test ./deploy/ -run 'TestHelmChartFilesMatch|TestKubernetesGenerated' -update", ruleFile, rulesFile)
 	}
 }
 
