@@ -18,6 +18,7 @@ import (
 	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+	"k8s.io/klog/v2"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/remediate/app"
@@ -58,7 +59,13 @@ func run() int {
 	cli.IntVar(a.Flag("limit.breaker-failures", "Failed cleanups within --limit.breaker-window that open the circuit breaker (then nothing acts until POST /api/v1/breaker/reset).").Default(fmt.Sprint(def.BreakerFailures)), &o.Limits.BreakerFailures)
 	cli.DurationVar(a.Flag("limit.breaker-window", "Window for --limit.breaker-failures.").Default(def.BreakerWindow.String()), &o.Limits.BreakerWindow)
 	a.Flag("dispatch.url-template", "Dispatcher: node agent base URL, with {{.Node}} for the node label, e.g. https://{{.Node}}:10836; it fills only the nodes that --dispatch.targets-file names with an empty URL.").StringVar(&o.Dispatch.URLTemplate)
-	a.Flag("dispatch.targets-file", `Dispatcher: the allow-list of node agents, a JSON file mapping node names to base URLs, e.g. {"gpu-a": "https://10.0.0.5:10836", "gpu-b": ""} ("" for --dispatch.url-template's URL); read again when it changes. An alert for a node it does not name is rejected, and nothing is sent.`).StringVar(&o.Dispatch.TargetsFile)
+	a.Flag("dispatch.targets-file", `Dispatcher: the allow-list of node agents, a JSON file mapping node names to base URLs, e.g. {"gpu-a": "https://10.0.0.5:10836", "gpu-b": ""} ("" for --dispatch.url-template's URL); read again when it changes. An alert for a node that neither it nor Kubernetes discovery names is rejected, and nothing is sent. With discovery too, this file wins for the nodes it names.`).StringVar(&o.Dispatch.TargetsFile)
+	a.Flag("dispatch.kubernetes.service", "Dispatcher: the node agents' Service (the DaemonSet's); setting it turns on Kubernetes discovery, a second allow-list: each ready endpoint of the Service's EndpointSlices (label kubernetes.io/service-name) is the agent of its nodeName, watched through the API server. Needs RBAC list and watch on endpointslices (API group discovery.k8s.io) in --dispatch.kubernetes.namespace, nothing more.").StringVar(&o.Dispatch.Kubernetes.Service)
+	a.Flag("dispatch.kubernetes.namespace", "Dispatcher: the namespace of --dispatch.kubernetes.service; empty means the dispatcher pod's own (from its service account).").StringVar(&o.Dispatch.Kubernetes.Namespace)
+	a.Flag("dispatch.kubernetes.port-name", "Dispatcher: the name of the EndpointSlice port on which the agents serve; a discovered agent's URL is --dispatch.kubernetes.scheme://ADDRESS:PORT.").Default("remediator").StringVar(&o.Dispatch.Kubernetes.PortName)
+	cli.EnumVar(a.Flag("dispatch.kubernetes.scheme", "Dispatcher: http, or https when the discovered agents serve TLS.").Default("http"), &o.Dispatch.Kubernetes.Scheme, "http", "https")
+	a.Flag("dispatch.kubernetes.kubeconfig", "Dispatcher: a kubeconfig file, for running outside the cluster; empty means the in-cluster configuration (the pod's service account).").StringVar(&o.Dispatch.Kubernetes.Kubeconfig)
+	cli.DurationVar(a.Flag("dispatch.kubernetes.sync-timeout", "Dispatcher: how long to wait at start-up for the first list of the agents' EndpointSlices; the dispatcher does not start without it (no node is rejected only because the list is not in yet).").Default("30s"), &o.Dispatch.Kubernetes.SyncTimeout)
 	a.Flag("dispatch.token-file", "Dispatcher: bearer token sent to node agents.").StringVar(&o.Dispatch.TokenFile)
 	cli.IntVar(a.Flag("dispatch.max-nodes", "Dispatcher: most distinct nodes remediated per --dispatch.window.").Default("5"), &o.Dispatch.MaxNodes)
 	cli.Float64Var(a.Flag("dispatch.max-fraction", "Dispatcher: most nodes remediated per window, as a fraction of the known nodes (the stricter limit wins).").Default("0.1"), &o.Dispatch.MaxFraction)
@@ -78,6 +85,8 @@ func run() int {
 	o.Decide = remediation.DecideConfig()
 	o.Act, o.Grace, o.VerifyTimeout = remediation.Act, remediation.Grace, remediation.VerifyTimeout
 	o.Logger = promslog.New(logConfig)
+	// client-go's informers log through klog: into the same log.
+	klog.SetSlogLogger(o.Logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -97,6 +97,26 @@ type Dispatch struct {
 	// Timeout bounds one request to a node agent.
 	Timeout     time.Duration
 	MaxAttempts int
+	// Kubernetes is the second allow-list, the agents' EndpointSlices;
+	// on when its Service is set. The targets file wins for the nodes it
+	// names.
+	Kubernetes Kubernetes
+}
+
+// Kubernetes configures the discovery of node agents in the cluster.
+type Kubernetes struct {
+	// Service is the node agents' Service; empty turns discovery off.
+	Service string
+	// Namespace is the Service's; empty means the pod's own.
+	Namespace string
+	// PortName is the EndpointSlice port of the agents, served with
+	// Scheme (http or https).
+	PortName, Scheme string
+	// Kubeconfig is for running outside a cluster; empty means the
+	// in-cluster configuration.
+	Kubeconfig string
+	// SyncTimeout bounds the first list at start-up.
+	SyncTimeout time.Duration
 }
 
 // role is one role, wired: what executes claimed actions, which alerts to
@@ -148,7 +168,7 @@ func Run(ctx context.Context, o Options) error {
 	case RoleNode:
 		wire, release, err = nodeRole(ctx, o, metrics, logger)
 	case RoleDispatcher:
-		wire, err = dispatcherRole(ctx, o, metrics, logger)
+		wire, err = dispatcherRole(ctx, o, metrics, reg, logger)
 	default:
 		err = fmt.Errorf("unknown role %q: want %s or %s", o.Role, RoleNode, RoleDispatcher)
 	}

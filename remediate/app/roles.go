@@ -12,9 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
+	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
@@ -65,9 +68,9 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 	}, closeDriver, nil
 }
 
-// dispatcherRole reads the dispatcher's routes and token, and returns what
-// wires the dispatcher to the store.
-func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog.Logger) (func(*store.Store) (role, error), error) {
+// dispatcherRole reads the dispatcher's routes and token, lists its
+// discovered agents, and returns what wires the dispatcher to the store.
+func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (role, error), error) {
 	token := ""
 	if o.Dispatch.TokenFile != "" {
 		b, err := os.ReadFile(o.Dispatch.TokenFile)
@@ -78,11 +81,24 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 	}
 	fleet := limits.NewFleet(limits.FleetConfig{MaxNodes: o.Dispatch.MaxNodes, MaxFraction: o.Dispatch.MaxFraction, Window: o.Dispatch.Window,
 		BreakerFailures: o.Limits.BreakerFailures, BreakerWindow: o.Limits.BreakerWindow}, limits.RealClock{})
+	var (
+		kube  *discovery.Kubernetes
+		found dispatch.AgentSource
+	)
+	if k := o.Dispatch.Kubernetes; k.Service != "" {
+		var err error
+		kube, err = discovery.New(discovery.Config{Service: k.Service, Namespace: k.Namespace, PortName: k.PortName, Scheme: k.Scheme,
+			Kubeconfig: k.Kubeconfig, SyncTimeout: k.SyncTimeout, Registerer: reg, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		found = kube
+	}
 	// The store opens after the checks; the dispatcher reads the alerts'
 	// labels from it, to forward them as received.
 	var labelStore *store.Store
 	d, err := dispatch.New(dispatch.Config{
-		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Token: token,
+		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Discovery: found, Token: token,
 		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, NodeLabel: o.NodeLabel,
 		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger,
 		Labels: func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
@@ -91,6 +107,13 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 	})
 	if err != nil {
 		return nil, err
+	}
+	if kube != nil {
+		// Before serving: until the first list is in, every discovered
+		// node would be rejected as unknown.
+		if err := kube.Start(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return func(st *store.Store) (role, error) {
 		labelStore = st
@@ -105,7 +128,7 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, logger
 			classify: dispatchClassifier(o.NodeLabel, o.UUIDLabel),
 			reject: func(labels map[string]string) string {
 				if node := labels[o.NodeLabel]; !d.Known(node) {
-					return "node " + strconv.Quote(node) + " is on no allow-list (--dispatch.targets-file): never contacted"
+					return "node " + strconv.Quote(node) + " is on no allow-list (--dispatch.targets-file, Kubernetes discovery): never contacted"
 				}
 				return ""
 			},

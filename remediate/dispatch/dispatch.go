@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -40,6 +41,10 @@ type Config struct {
 	// whenever it changes (its modification time or size).
 	Targets     map[string]string
 	TargetsFile string
+	// Discovery is the second allow-list, agents found in the cluster
+	// (package discovery). The targets win for the nodes they name: a
+	// human's entry is not overridden by what the cluster says.
+	Discovery AgentSource
 	// Token is sent as a bearer token to node agents.
 	Token     string
 	Client    *http.Client
@@ -60,6 +65,12 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
+// AgentSource gives the agents that a source vouches for: node name to
+// base URL, current at each call.
+type AgentSource interface {
+	Agents() map[string]string
+}
+
 // Dispatcher forwards each alert to the agent of the node it names.
 type Dispatcher struct {
 	cfg  Config
@@ -76,8 +87,8 @@ type Dispatcher struct {
 
 // New validates cfg and returns a Dispatcher.
 func New(cfg Config) (*Dispatcher, error) {
-	if cfg.TargetsFile == "" && len(cfg.Targets) == 0 {
-		return nil, fmt.Errorf("the dispatcher needs --dispatch.targets-file, the allow-list of its agents (node to URL; --dispatch.url-template fills only the nodes it names with an empty URL)")
+	if cfg.TargetsFile == "" && len(cfg.Targets) == 0 && cfg.Discovery == nil {
+		return nil, fmt.Errorf("the dispatcher needs an allow-list of its agents: --dispatch.targets-file (node to URL; --dispatch.url-template fills only the nodes it names with an empty URL), Kubernetes discovery (--dispatch.kubernetes.service), or both")
 	}
 	d := &Dispatcher{cfg: cfg, attempts: map[string]int{}, targets: cfg.Targets}
 	if cfg.TargetsFile != "" {
@@ -169,14 +180,27 @@ func (d *Dispatcher) reloadTargets() error {
 	return nil
 }
 
-// routes is the current allow-list, re-read when the file changed.
+// routes is the current allow-list: the targets, re-read when the file
+// changed, over the discovered agents. Its size is the fleet's known nodes.
 func (d *Dispatcher) routes() map[string]string {
 	if err := d.reloadTargets(); err != nil {
 		d.cfg.Logger.Error("Reloading the targets file failed; keeping the previous allow-list", "err", err)
 	}
 	d.targetsMu.Lock()
-	defer d.targetsMu.Unlock()
-	return d.targets
+	targets := d.targets
+	d.targetsMu.Unlock()
+	if d.cfg.Discovery == nil {
+		return targets
+	}
+	found := d.cfg.Discovery.Agents()
+	if len(found) == 0 {
+		return targets
+	}
+	merged := make(map[string]string, len(found)+len(targets))
+	maps.Copy(merged, found)
+	// The targets file wins for the nodes it names.
+	maps.Copy(merged, targets)
+	return merged
 }
 
 // Known reports whether node is on the allow-list with a usable URL. A
@@ -221,7 +245,7 @@ func (d *Dispatcher) agentURL(node string) (string, error) {
 func (d *Dispatcher) agentBase(node string) (string, error) {
 	base, ok := d.routes()[node]
 	if !ok {
-		return "", fmt.Errorf("node %q is on no allow-list (--dispatch.targets-file)", node)
+		return "", fmt.Errorf("node %q is on no allow-list (--dispatch.targets-file, Kubernetes discovery)", node)
 	}
 	if base == "" {
 		if d.tmpl == nil || !validNodeName(node) {

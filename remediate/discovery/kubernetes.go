@@ -1,0 +1,352 @@
+// Package discovery finds the dispatcher's node agents in Kubernetes: the
+// EndpointSlices of the agents' Service (the DaemonSet's), watched through
+// the API server, give each node's agent by the endpoint's nodeName. It is
+// the dispatcher's second allow-list, beside its targets file: a node no
+// ready endpoint names is not known, and never contacted.
+package discovery
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// ServiceAccountNamespaceFile holds the pod's own namespace, mounted with
+// its service account token.
+const ServiceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// Config configures the discovery of node agents.
+type Config struct {
+	// Service is the node agents' Service; its EndpointSlices carry the
+	// label kubernetes.io/service-name=Service.
+	Service string
+	// Namespace is the Service's; empty means the pod's own, read from
+	// NamespaceFile (ServiceAccountNamespaceFile when empty).
+	Namespace     string
+	NamespaceFile string
+	// PortName is the EndpointSlice port that the agents serve on, and
+	// Scheme (http or https) how they serve it.
+	PortName string
+	Scheme   string
+	// Kubeconfig is a kubeconfig file, for running outside a cluster;
+	// empty means the in-cluster configuration.
+	Kubeconfig string
+	// SyncTimeout bounds the wait for the first list at Start.
+	SyncTimeout time.Duration
+	// Registerer gets the gauge of discovered agents; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Kubernetes is the set of agents that the Service's EndpointSlices name,
+// kept current by an informer (list, then watch). It is safe for
+// concurrent use.
+type Kubernetes struct {
+	cfg        Config
+	restConfig *rest.Config
+	discovered prometheus.Gauge
+
+	// agents is node → agent, replaced whole on every change.
+	agents atomic.Pointer[map[string]agent]
+	// rebuildMu orders rebuilds: one from the informer's handler, one
+	// after the first sync.
+	rebuildMu sync.Mutex
+}
+
+// agent is the agent that discovery picked for one node.
+type agent struct {
+	url string
+	// ready is how many ready endpoints the node had; more than one
+	// during a rolling update.
+	ready int
+}
+
+// New checks cfg and reads the client configuration; it does not contact
+// the API server (Start does).
+func New(cfg Config) (*Kubernetes, error) {
+	if cfg.Service == "" {
+		return nil, errors.New("kubernetes discovery needs the node agents' Service (--dispatch.kubernetes.service)")
+	}
+	if cfg.Scheme != "http" && cfg.Scheme != "https" {
+		return nil, fmt.Errorf("--dispatch.kubernetes.scheme %q: want http or https", cfg.Scheme)
+	}
+	if cfg.PortName == "" {
+		return nil, errors.New("--dispatch.kubernetes.port-name is empty: name the EndpointSlice port of the agents")
+	}
+	if cfg.SyncTimeout <= 0 {
+		cfg.SyncTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.NamespaceFile == "" {
+		cfg.NamespaceFile = ServiceAccountNamespaceFile
+	}
+	ns, err := namespace(cfg.Namespace, cfg.NamespaceFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Namespace = ns
+	var rc *rest.Config
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes discovery: the API server's configuration (in-cluster, or --dispatch.kubernetes.kubeconfig): %w", err)
+	}
+	rc.UserAgent = "gpu-orphan-remediator (dispatcher)"
+	k := &Kubernetes{cfg: cfg, restConfig: rc}
+	k.agents.Store(&map[string]agent{})
+	k.discovered = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gpu_orphan", Subsystem: "dispatcher", Name: "discovered_agents",
+		Help: "Nodes whose agent the dispatcher found ready in the agents' EndpointSlices (Kubernetes discovery)."})
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(k.discovered); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// namespace is the flag's value, or else the pod's own namespace.
+func namespace(flag, file string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("kubernetes discovery: no --dispatch.kubernetes.namespace, and the pod's own namespace cannot be read: %w", err)
+	}
+	ns := strings.TrimSpace(string(b))
+	if ns == "" {
+		return "", fmt.Errorf("kubernetes discovery: no --dispatch.kubernetes.namespace, and %s is empty", file)
+	}
+	return ns, nil
+}
+
+// Namespace is the namespace watched.
+func (k *Kubernetes) Namespace() string { return k.cfg.Namespace }
+
+// Agents returns the discovered agents' base URLs by node name.
+func (k *Kubernetes) Agents() map[string]string {
+	cur := *k.agents.Load()
+	urls := make(map[string]string, len(cur))
+	for node, a := range cur {
+		urls[node] = a.url
+	}
+	return urls
+}
+
+// Start lists the Service's EndpointSlices and watches them until ctx
+// ends. It returns once the first list is in, so that no node is taken
+// for unknown only because the cache is still empty; it fails if the list
+// is forbidden, or does not succeed within SyncTimeout.
+func (k *Kubernetes) Start(ctx context.Context) (err error) {
+	client, err := kubernetes.NewForConfig(k.restConfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes discovery: %w", err)
+	}
+	selector := discoveryv1.LabelServiceName + "=" + k.cfg.Service
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(k.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	informer := factory.Discovery().V1().EndpointSlices().Informer()
+
+	var lastErr atomic.Pointer[error]
+	forbidden := make(chan error, 1)
+	if err := informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		lastErr.Store(&err)
+		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			select {
+			case forbidden <- err:
+			default:
+			}
+		}
+		// The informer backs off and retries; the agents found so far
+		// stay known meanwhile.
+		k.cfg.Logger.Warn("Listing or watching the agents' EndpointSlices failed; retrying", "namespace", k.cfg.Namespace, "selector", selector, "err", err)
+	}); err != nil {
+		return fmt.Errorf("kubernetes discovery: %w", err)
+	}
+	rebuild := func(any) { k.rebuild(informer.GetStore().List()) }
+	handler, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: rebuild, UpdateFunc: func(_, o any) { rebuild(o) }, DeleteFunc: rebuild,
+	})
+	if err != nil {
+		return fmt.Errorf("kubernetes discovery: %w", err)
+	}
+
+	// The informer runs until ctx ends, or until a failed start stops it.
+	runCtx, stop := context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	factory.Start(runCtx.Done())
+	go func() {
+		<-runCtx.Done()
+		factory.Shutdown()
+	}()
+	synced := make(chan struct{})
+	go func() {
+		if cache.WaitForCacheSync(runCtx.Done(), handler.HasSynced) {
+			close(synced)
+		}
+	}()
+	timeout := time.NewTimer(k.cfg.SyncTimeout)
+	defer timeout.Stop()
+	where := fmt.Sprintf("the EndpointSlices of Service %s/%s (label %s)", k.cfg.Namespace, k.cfg.Service, selector)
+	select {
+	case <-synced:
+	case err := <-forbidden:
+		return fmt.Errorf("kubernetes discovery: listing %s is not allowed: the dispatcher's service account needs RBAC verbs list and watch on endpointslices (API group discovery.k8s.io) in namespace %s: %w",
+			where, k.cfg.Namespace, err)
+	case <-timeout.C:
+		why := "no answer"
+		if p := lastErr.Load(); p != nil {
+			why = (*p).Error()
+		}
+		return fmt.Errorf("kubernetes discovery: could not list %s within --dispatch.kubernetes.sync-timeout=%s: %s", where, k.cfg.SyncTimeout, why)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// The handler has seen every listed slice; this rebuild also covers an
+	// empty list, which calls no handler.
+	k.rebuild(informer.GetStore().List())
+	k.cfg.Logger.Info("Kubernetes discovery synced", "namespace", k.cfg.Namespace, "service", k.cfg.Service, "agents", len(*k.agents.Load()))
+	return nil
+}
+
+// rebuild recomputes the agents from every slice in the informer's store,
+// and logs what changed.
+func (k *Kubernetes) rebuild(objs []any) {
+	k.rebuildMu.Lock()
+	defer k.rebuildMu.Unlock()
+	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			eps = append(eps, s)
+		}
+	}
+	next := pickAgents(eps, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger)
+	prev := *k.agents.Load()
+	var added, removed, changed []string
+	for node, a := range next {
+		switch p, ok := prev[node]; {
+		case !ok:
+			added = append(added, node)
+		case p.url != a.url:
+			changed = append(changed, node)
+		default:
+			continue
+		}
+		if a.ready > 1 {
+			k.cfg.Logger.Info("Several ready agents on one node (a rolling update?); using the lowest address", "node", node, "url", a.url, "ready", a.ready)
+		}
+	}
+	for node := range prev {
+		if _, ok := next[node]; !ok {
+			removed = append(removed, node)
+		}
+	}
+	k.agents.Store(&next)
+	k.discovered.Set(float64(len(next)))
+	if len(added)+len(removed)+len(changed) > 0 {
+		slices.Sort(added)
+		slices.Sort(removed)
+		slices.Sort(changed)
+		k.cfg.Logger.Info("Discovered agents changed", "agents", len(next), "added", added, "removed", removed, "moved", changed)
+	}
+}
+
+// pickAgents picks each node's agent from the slices: an endpoint that is
+// ready (or whose readiness is unknown, which the API says to take as
+// ready) on a node, at the port named portName. A node with several ready
+// endpoints gets the lowest address, so that every dispatcher replica
+// picks the same one.
+func pickAgents(eps []*discoveryv1.EndpointSlice, portName, scheme string, logger *slog.Logger) map[string]agent {
+	candidates := map[string][]string{} // node → addresses
+	ports := map[string]map[string]int32{}
+	for _, s := range eps {
+		port, ok := slicePort(s, portName)
+		if !ok {
+			logger.Debug("EndpointSlice has no port of the agents'", "slice", s.Name, "port_name", portName)
+			continue
+		}
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+				continue
+			}
+			if len(e.Addresses) == 0 {
+				continue
+			}
+			if e.NodeName == nil || *e.NodeName == "" {
+				// Without a node it speaks for no alert's node.
+				logger.Debug("Ignoring an endpoint without nodeName", "slice", s.Name, "address", e.Addresses[0])
+				continue
+			}
+			node, addr := *e.NodeName, e.Addresses[0]
+			if !slices.Contains(candidates[node], addr) {
+				candidates[node] = append(candidates[node], addr)
+			}
+			if ports[node] == nil {
+				ports[node] = map[string]int32{}
+			}
+			ports[node][addr] = port
+		}
+	}
+	out := make(map[string]agent, len(candidates))
+	for node, addrs := range candidates {
+		slices.SortFunc(addrs, compareAddress)
+		addr := addrs[0]
+		out[node] = agent{url: scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(ports[node][addr]))), ready: len(addrs)}
+	}
+	return out
+}
+
+// slicePort is the number of the slice's port named name.
+func slicePort(s *discoveryv1.EndpointSlice, name string) (int32, bool) {
+	for _, p := range s.Ports {
+		if p.Name != nil && *p.Name == name && p.Port != nil && *p.Port > 0 {
+			return *p.Port, true
+		}
+	}
+	return 0, false
+}
+
+// compareAddress orders IP addresses numerically, before host names.
+func compareAddress(a, b string) int {
+	ia, errA := netip.ParseAddr(a)
+	ib, errB := netip.ParseAddr(b)
+	switch {
+	case errA == nil && errB == nil:
+		return ia.Compare(ib)
+	case errA == nil:
+		return -1
+	case errB == nil:
+		return 1
+	}
+	return cmp.Compare(a, b)
+}
