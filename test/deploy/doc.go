@@ -5,8 +5,13 @@
 //   - docker-compose.yml with deploy/compose/ and deploy/docker/: one node,
 //     with Prometheus, Alertmanager and Grafana, on a real GPU (profile
 //     gpu) or a simulated one (profile sim).
-//   - deploy/kubernetes/: a DaemonSet of node agents (exporter and
-//     remediator), a dispatcher, a ServiceMonitor and a PrometheusRule.
+//   - charts/gpu-orphan/: the Helm chart, rendered with Helm's Go packages
+//     for its defaults and the value sets of testdata/helm/ (helm_test.go):
+//     a DaemonSet of node agents (exporter and remediator), a dispatcher
+//     with Kubernetes discovery, monitors, the PrometheusRule, dashboards
+//     and an AlertmanagerConfig.
+//   - deploy/kubernetes/: the chart rendered with its values.yaml, for
+//     kubectl apply -k.
 //   - deploy/systemd/: units for bare-metal nodes.
 //
 // The tests load each with the parser of the tool that runs it
