@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -686,5 +687,23 @@ func TestKustomization(t *testing.T) {
 				t.Errorf("%s/%s: image %s is not in the kustomization's images", w.name, c.Name, c.Image)
 			}
 		}
+	}
+
+	// kubectl's kustomize builds it, where kubectl is installed.
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Log("kubectl is not installed: the kustomize build is not checked")
+		return
+	}
+	out, err := exec.Command(kubectl, "kustomize", k8sDir).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", k8sDir, err)
+	}
+	built, err := decodeManifest(bytes.NewReader(out))
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", k8sDir, err)
+	}
+	if len(built) != len(objs) {
+		t.Errorf("kubectl kustomize %s: %d objects, the manifests hold %d", k8sDir, len(built), len(objs))
 	}
 }
