@@ -298,6 +298,7 @@ func TestHelmRender(t *testing.T) {
 			}
 			checkChartObjects(t, r, objs)
 			checkChartWorkloads(t, r, objs)
+			checkChartServices(t, objs)
 			checkChartDispatcher(t, r, objs)
 			checkChartMonitors(t, r, objs)
 			checkChartRule(t, r, objs)
@@ -499,6 +500,37 @@ func fullname(r *chartRender) string {
 		return r.release
 	}
 	return r.release + "-gpu-orphan"
+}
+
+// checkChartServices: every Service port is the port of the container
+// port it targets, by name, so the ports of the values hold everywhere.
+func checkChartServices(t *testing.T, objs []k8sObject) {
+	t.Helper()
+	for _, svc := range all[corev1.Service](objs) {
+		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		for _, p := range svc.Spec.Ports {
+			n := 0
+			for _, w := range workloads(objs) {
+				if len(svc.Spec.Selector) == 0 || !sel.Matches(labels.Set(w.template.Labels)) {
+					continue
+				}
+				for _, c := range w.template.Spec.Containers {
+					for _, cp := range c.Ports {
+						if cp.Name != p.TargetPort.StrVal {
+							continue
+						}
+						n++
+						if cp.ContainerPort != p.Port {
+							t.Errorf("Service %s: port %s is %d, its target %s/%s %d", svc.Name, p.Name, p.Port, w.name, c.Name, cp.ContainerPort)
+						}
+					}
+				}
+			}
+			if n == 0 {
+				t.Errorf("Service %s: port %s targets %q, no selected container's port name", svc.Name, p.Name, p.TargetPort.String())
+			}
+		}
+	}
 }
 
 // checkChartDispatcher: replicas, discovery (the agents' Service and
