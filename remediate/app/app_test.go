@@ -51,6 +51,9 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 		{"dispatcher without routes", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.targets-file"},
 		{"dispatcher with a template and no allow-list", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836"}}, "--dispatch.targets-file"},
 		{"dispatcher's targets file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{TargetsFile: filepath.Join(dir, "no-targets.json")}}, "targets file"},
+		{"dispatcher without routes names discovery too", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.kubernetes.service"},
+		{"dispatcher's kubeconfig missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{Kubernetes: Kubernetes{Service: "gpu-orphan-node",
+			Namespace: "gpu-orphan", PortName: "remediator", Scheme: "http", Kubeconfig: filepath.Join(dir, "no-kubeconfig")}}}, "--dispatch.kubernetes.kubeconfig"},
 		{"dispatcher's token file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836", TokenFile: filepath.Join(dir, "no-token")}}, "--dispatch.token-file"},
 		{"unknown role", Options{Role: "everything", Auth: auth}, "unknown role"},
 	} {

@@ -102,7 +102,10 @@ func startDispatcher(t *testing.T, api *kubeapi.Server, targets string, tune fun
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case err := <-done:
+			if err != nil {
+				t.Errorf("the dispatcher ended with %v", err)
+			}
 		case <-time.After(15 * time.Second):
 			t.Error("the dispatcher did not stop")
 		}
