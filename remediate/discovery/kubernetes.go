@@ -146,9 +146,6 @@ func namespace(flag, file string) (string, error) {
 	return ns, nil
 }
 
-// Namespace is the namespace watched.
-func (k *Kubernetes) Namespace() string { return k.cfg.Namespace }
-
 // Agents returns the discovered agents' base URLs by node name.
 func (k *Kubernetes) Agents() map[string]string {
 	cur := *k.agents.Load()
@@ -174,12 +171,13 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	informer := factory.Discovery().V1().EndpointSlices().Informer()
 
 	var lastErr atomic.Pointer[error]
-	forbidden := make(chan error, 1)
+	// A refusal will not go away by waiting: it ends the start at once.
+	refused := make(chan error, 1)
 	if err := informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		lastErr.Store(&err)
 		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 			select {
-			case forbidden <- err:
+			case refused <- err:
 			default:
 			}
 		}
@@ -189,9 +187,11 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	}); err != nil {
 		return fmt.Errorf("kubernetes discovery: %w", err)
 	}
-	rebuild := func(any) { k.rebuild(informer.GetStore().List()) }
+	// Every change recomputes the agents from all the slices: a node's
+	// endpoints may be spread over several.
+	changed := func(any) { k.rebuild(informer.GetStore().List()) }
 	handler, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: rebuild, UpdateFunc: func(_, o any) { rebuild(o) }, DeleteFunc: rebuild,
+		AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
 	})
 	if err != nil {
 		return fmt.Errorf("kubernetes discovery: %w", err)
@@ -220,8 +220,11 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	where := fmt.Sprintf("the EndpointSlices of Service %s/%s (label %s)", k.cfg.Namespace, k.cfg.Service, selector)
 	select {
 	case <-synced:
-	case err := <-forbidden:
-		return fmt.Errorf("kubernetes discovery: listing %s is not allowed: the dispatcher's service account needs RBAC verbs list and watch on endpointslices (API group discovery.k8s.io) in namespace %s: %w",
+	case err := <-refused:
+		if apierrors.IsUnauthorized(err) {
+			return fmt.Errorf("kubernetes discovery: the API server refused the dispatcher's credentials listing %s: %w", where, err)
+		}
+		return fmt.Errorf("kubernetes discovery: listing %s is forbidden: the dispatcher's service account needs RBAC verbs list and watch on endpointslices (API group discovery.k8s.io) in namespace %s: %w",
 			where, k.cfg.Namespace, err)
 	case <-timeout.C:
 		why := "no answer"
