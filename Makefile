@@ -27,9 +27,12 @@ RUN_DIR   ?= $(CURDIR)/.run
 
 all: build
 
+# -trimpath, as `make release` builds: no paths of this machine in the
+# binaries, and the release's amd64 build reuses this one's compiled
+# packages from Go's build cache.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build $(if $(BUILD_TAGS),-tags '$(BUILD_TAGS)') -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(filter $(BINARIES),$(notdir $(wildcard cmd/*))))
+	$(GO) build -trimpath $(if $(BUILD_TAGS),-tags '$(BUILD_TAGS)') -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(filter $(BINARIES),$(notdir $(wildcard cmd/*))))
 
 # Debian's prometheus (promtool) and prometheus-alertmanager (amtool); the
 # tests start real ones.
@@ -43,8 +46,8 @@ test: deps build release lint unit rules fuzz e2e
 # of `make build`, cross-compiled with Debian's gcc-aarch64-linux-gnu
 # (installed when missing); a tarball per architecture and SHA256SUMS in
 # dist/, each binary's architecture checked with `go version -m` and `file`,
-# and this machine's binaries run with --version. docs/release.md says how
-# to cut one.
+# and each run with --version (arm64's under qemu-user). docs/release.md
+# says how to cut one.
 DIST      ?= dist
 release:
 	@GO='$(GO)' VERSION='$(VERSION)' LDFLAGS='$(LDFLAGS)' BUILD_TAGS='$(BUILD_TAGS)' \

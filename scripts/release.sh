@@ -9,15 +9,14 @@
 # Then it checks what it built, and fails on the first thing that is wrong:
 # each binary's GOOS, GOARCH, CGO_ENABLED and -trimpath as `go version -m`
 # reads them, its machine as `file` reads it (x86-64, ARM aarch64); each
-# binary of this machine's architecture runs `--version`, exits 0 and prints
-# VERSION (the other architecture's too when qemu-user is installed:
-# qemu-aarch64 or qemu-x86_64); each tarball holds what it should; and
-# `sha256sum -c SHA256SUMS` passes.
+# binary runs `--version`, exits 0 and prints VERSION (the other
+# architecture's under qemu-user: qemu-aarch64 on an amd64 machine); each
+# tarball holds what it should; and `sha256sum -c SHA256SUMS` passes.
 #
 # The C cross compiler is Debian's (gcc-aarch64-linux-gnu and
 # libc6-dev-arm64-cross on an amd64 machine; gcc-x86-64-linux-gnu and
-# libc6-dev-amd64-cross on an arm64 one), installed with `file` when
-# missing, as scripts/deps.sh installs its packages.
+# libc6-dev-amd64-cross on an arm64 one), installed with `file` and
+# qemu-user when missing, as scripts/deps.sh installs its packages.
 #
 #   scripts/release.sh               the release, as above
 #   scripts/release.sh cc ARCH       prints the C compiler that builds for linux/ARCH here
@@ -48,13 +47,17 @@ cc_for() {
   if [ "$1" = "$hostarch" ]; then echo gcc; else echo "$t-gcc"; fi
 }
 
+# qemu_for ARCH: qemu-user's emulator for linux/ARCH.
+qemu_for() { echo "qemu-$(triplet "$1" | cut -d- -f1)"; }
+
 # cc_works CC: CC runs and finds the C library's headers.
 cc_works() {
   command -v "$1" >/dev/null && echo '#include <stdlib.h>' | "$1" -x c -E - >/dev/null 2>&1
 }
 
 # install_missing ARCH...: the C compilers for ARCH... (and, with
-# NEED_FILE=1, `file`), from Debian, noninteractive.
+# RELEASE_CHECKS=1, what the checks need: `file` and qemu-user), from
+# Debian, noninteractive.
 install_missing() {
   local arch t missing=()
   for arch in "$@"; do
@@ -67,8 +70,13 @@ install_missing() {
       missing+=("gcc-${t//_/-}" "libc6-dev-$arch-cross")
     fi
   done
-  if [ "${NEED_FILE:-0}" = 1 ] && ! command -v file >/dev/null; then
-    missing+=(file)
+  if [ "${RELEASE_CHECKS:-0}" = 1 ]; then
+    command -v file >/dev/null || missing+=(file)
+    # qemu-user runs the other architecture's binaries (qemu-aarch64,
+    # qemu-x86_64): 12 MB, a few seconds to install.
+    for arch in "$@"; do
+      [ "$arch" = "$hostarch" ] || command -v "$(qemu_for "$arch")" >/dev/null || missing+=(qemu-user)
+    done
   fi
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "release: installing ${missing[*]} (Debian packages)"
@@ -110,7 +118,7 @@ for b in "${binaries[@]}"; do
 done
 
 # shellcheck disable=SC2086 # one word per architecture
-NEED_FILE=1 install_missing $arches
+RELEASE_CHECKS=1 install_missing $arches
 
 fail() { echo "release: FAIL: $*" >&2; exit 1; }
 
@@ -134,9 +142,10 @@ for arch in $arches; do
     $GO build -trimpath ${BUILD_TAGS:+-tags "$BUILD_TAGS"} -ldflags "$LDFLAGS" -o "$dir/" "${pkgs[@]}"
 
   case "$arch" in
-    amd64) machine='ELF 64-bit LSB .*x86-64' qemu=qemu-x86_64 ;;
-    arm64) machine='ELF 64-bit LSB .*ARM aarch64' qemu=qemu-aarch64 ;;
+    amd64) machine='ELF 64-bit LSB .*x86-64' ;;
+    arm64) machine='ELF 64-bit LSB .*ARM aarch64' ;;
   esac
+  qemu=$(qemu_for "$arch")
   for b in "${binaries[@]}"; do
     bin=$dir/$b
     meta=$($GO version -m "$bin") || fail "$b ($arch): go version -m: $?"
