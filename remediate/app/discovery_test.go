@@ -237,6 +237,20 @@ func TestDiscoveredAgents(t *testing.T) {
 	}
 }
 
+// TestDiscoveryWaitsForFirstList: the dispatcher serves only once the
+// first list is in, however slow: an alert that comes as soon as it
+// serves, for a node in a slice, is accepted, not rejected.
+func TestDiscoveryWaitsForFirstList(t *testing.T) {
+	api := kubeapi.Start(t, agentsNamespace, kubeapi.Delay(2*time.Second))
+	nodeA := newAgentListener(t)
+	applyAgent(t, api, "node-a", nodeA, ptr.To(true))
+	base := startDispatcher(t, api, "", nil)
+	if r := postAlerts(t, base, "node-a"); r["accepted"] != 1 {
+		t.Fatalf("results %v: node-a was rejected before the first list was in", r)
+	}
+	waitReceived(t, nodeA, 1, "node-a's agent to get its alert")
+}
+
 // TestTargetsFileWinsOverDiscovery: with both allow-lists, the targets
 // file's URL is used for the nodes it names; discovery serves the others.
 func TestTargetsFileWinsOverDiscovery(t *testing.T) {

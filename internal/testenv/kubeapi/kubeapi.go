@@ -43,6 +43,7 @@ type Server struct {
 	changed   chan struct{}
 	forbidden bool
 	watchList bool
+	delay     time.Duration
 	lists     int
 	watches   int
 }
@@ -61,6 +62,10 @@ type Option func(*Server)
 // feature on; without it, such a request is refused with 422 as by an API
 // server without the feature, and the client falls back to LIST.
 func WatchList(on bool) Option { return func(s *Server) { s.watchList = on } }
+
+// Delay makes every LIST, and a streaming list's first events, wait d: a
+// slow API server, or a large list.
+func Delay(d time.Duration) Option { return func(s *Server) { s.delay = d } }
 
 // Start starts a server for namespace, closed at the test's cleanup.
 func Start(t testing.TB, namespace string, opts ...Option) *Server {
@@ -223,6 +228,13 @@ func (s *Server) serveSlices(w http.ResponseWriter, r *http.Request) {
 	if r.PathValue("ns") != s.namespace {
 		// Another namespace holds none of the slices.
 		selector = labels.Nothing()
+	}
+	if !watching || q.Get("sendInitialEvents") == "true" && s.watchList {
+		select {
+		case <-time.After(s.delay):
+		case <-r.Context().Done():
+			return
+		}
 	}
 	if !watching {
 		s.list(w, selector)
