@@ -8,15 +8,16 @@
 #
 # Then it checks what it built, and fails on the first thing that is wrong:
 # each binary's GOOS, GOARCH, CGO_ENABLED and -trimpath as `go version -m`
-# reads them, its machine as `file` reads it (x86-64, ARM aarch64); each
-# binary runs `--version`, exits 0 and prints VERSION (the other
-# architecture's under qemu-user: qemu-aarch64 on an amd64 machine); each
-# tarball holds what it should; and `sha256sum -c SHA256SUMS` passes.
+# reads them; its machine as `file` reads it (x86-64, ARM aarch64); the
+# glibc it needs as `objdump -T` reads it (2.34 at most). Each binary runs
+# `--version`, exits 0 and prints VERSION (the other architecture's under
+# qemu-user: qemu-aarch64 on an amd64 machine). Each tarball holds what it
+# should, and `sha256sum -c SHA256SUMS` passes.
 #
 # The C cross compiler is Debian's (gcc-aarch64-linux-gnu and
 # libc6-dev-arm64-cross on an amd64 machine; gcc-x86-64-linux-gnu and
-# libc6-dev-amd64-cross on an arm64 one), installed with `file` and
-# qemu-user when missing, as scripts/deps.sh installs its packages.
+# libc6-dev-amd64-cross on an arm64 one), installed with `file`, binutils
+# and qemu-user when missing, as scripts/deps.sh installs its packages.
 #
 #   scripts/release.sh               the release, as above
 #   scripts/release.sh cc ARCH       prints the C compiler that builds for linux/ARCH here
@@ -72,6 +73,7 @@ install_missing() {
   done
   if [ "${RELEASE_CHECKS:-0}" = 1 ]; then
     command -v file >/dev/null || missing+=(file)
+    command -v objdump >/dev/null || missing+=(binutils)
     # qemu-user runs the other architecture's binaries (qemu-aarch64,
     # qemu-x86_64): 12 MB, a few seconds to install.
     for arch in "$@"; do
@@ -109,6 +111,9 @@ esac
 : "${LDFLAGS:?LDFLAGS is not set: run make release}"
 : "${BINARIES:?BINARIES is not set: run make release}"
 dist=${DIST:-dist}
+# The binaries run on glibc 2.34 or later (Debian 12, Ubuntu 22.04, RHEL 9);
+# a build that needs a newer one fails.
+max_glibc=${RELEASE_MAX_GLIBC:-2.34}
 arches=${RELEASE_ARCHES:-amd64 arm64}
 read -r -a binaries <<<"$BINARIES"
 pkgs=()
@@ -155,6 +160,12 @@ $meta"
     done
     desc=$(file -b "$bin")
     grep -q "$machine" <<<"$desc" || fail "$b ($arch): file says '$desc', not /$machine/"
+    # The newest glibc symbol version it needs: the oldest glibc it runs on.
+    glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    glibc=${glibc#GLIBC_}
+    [ -n "$glibc" ] || fail "$b ($arch): objdump -T shows no GLIBC_ symbol versions"
+    [ "$(printf '%s\n' "$glibc" "$max_glibc" | sort -V | tail -1)" = "$max_glibc" ] ||
+      fail "$b ($arch) needs glibc $glibc, newer than $max_glibc (RELEASE_MAX_GLIBC; docs/release.md)"
     if [ "$arch" = "$hostarch" ]; then
       run=("$bin" --version)
     elif command -v "$qemu" >/dev/null; then
@@ -170,7 +181,7 @@ $out"
 $out"
       ran="--version: $(head -1 <<<"$out")"
     fi
-    echo "  $b: GOARCH=$arch CGO_ENABLED=1; $(cut -d, -f1-2 <<<"$desc"); $ran"
+    echo "  $b: GOARCH=$arch CGO_ENABLED=1; $(cut -d, -f1-2 <<<"$desc"); glibc >= $glibc; $ran"
   done
 
   cp "${docs[@]}" "$dir/"
