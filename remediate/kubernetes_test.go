@@ -1,11 +1,14 @@
 package remediate_test
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,4 +104,29 @@ func undiscoveredPort(t *testing.T, a net.Addr) string {
 		t.Fatal(err)
 	}
 	return port
+}
+
+// TestDispatcherKubernetesForbidden: the real binary, without RBAC for
+// the slices, exits at start-up with an error that names the permission
+// it needs, well before the sync timeout.
+func TestDispatcherKubernetesForbidden(t *testing.T) {
+	skipShort(t)
+	api := kubeapi.Start(t, "gpu-orphan")
+	api.Forbid(true)
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+testenv.FreeAddr(t),
+		"--auth.token-file="+tokenFile(t), "--dispatch.kubernetes.service=gpu-orphan-node", "--dispatch.kubernetes.namespace=gpu-orphan",
+		"--dispatch.kubernetes.kubeconfig="+api.Kubeconfig(t), "--dispatch.kubernetes.sync-timeout=30s",
+		"--store.path="+filepath.Join(t.TempDir(), "d.db"))
+	began := time.Now()
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want status 1\n%s", err, out)
+	}
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("failing took %s, want well before the 30s sync timeout", took)
+	}
+	if !strings.Contains(string(out), "needs RBAC verbs list and watch on endpointslices (API group discovery.k8s.io)") {
+		t.Errorf("the log does not name the permission:\n%s", out)
+	}
 }

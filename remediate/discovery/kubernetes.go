@@ -230,6 +230,10 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 		why := "no answer"
 		if p := lastErr.Load(); p != nil {
 			why = (*p).Error()
+		} else if err := probe(ctx, client, k.cfg.Namespace, selector); err != nil {
+			// The informer retries some failures (a refused connection)
+			// without reporting them: one list of our own says why.
+			why = err.Error()
 		}
 		return fmt.Errorf("kubernetes discovery: could not list %s within --dispatch.kubernetes.sync-timeout=%s: %s", where, k.cfg.SyncTimeout, why)
 	case <-ctx.Done():
@@ -240,6 +244,14 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	k.rebuild(informer.GetStore().List())
 	k.cfg.Logger.Info("Kubernetes discovery synced", "namespace", k.cfg.Namespace, "service", k.cfg.Service, "agents", len(*k.agents.Load()))
 	return nil
+}
+
+// probe lists the slices once, for the error.
+func probe(ctx context.Context, client kubernetes.Interface, namespace, selector string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector, Limit: 1})
+	return err
 }
 
 // rebuild recomputes the agents from every slice in the informer's store,

@@ -174,7 +174,7 @@ func TestForbiddenFailsStart(t *testing.T) {
 }
 
 // TestUnreachableFailsStart: no API server within the sync timeout is an
-// error that names the flag.
+// error that names the flag, and why the list failed.
 func TestUnreachableFailsStart(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -191,8 +191,8 @@ func TestUnreachableFailsStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "--dispatch.kubernetes.sync-timeout") {
-		t.Errorf("Start: %v, want an error naming the sync timeout", err)
+	if err := k.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "--dispatch.kubernetes.sync-timeout") || !strings.Contains(err.Error(), addr) {
+		t.Errorf("Start: %v, want an error naming the sync timeout and the API server's address", err)
 	}
 }
 
