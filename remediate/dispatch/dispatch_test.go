@@ -219,3 +219,32 @@ func TestLoadTargets(t *testing.T) {
 		t.Error("a missing targets file was accepted")
 	}
 }
+
+// staticAgents is a discovery that found a fixed set of agents.
+type staticAgents map[string]string
+
+func (s staticAgents) Agents() map[string]string { return s }
+
+// TestRoutesWithDiscovery: discovered agents are known at their URL; the
+// targets win for the nodes they name, and the template fills only their
+// empty entries; the fleet's known nodes are both lists together; a
+// dispatcher with discovery alone starts.
+func TestRoutesWithDiscovery(t *testing.T) {
+	found := staticAgents{"gpu-a": "http://10.0.0.5:10836", "gpu-b": "http://10.0.0.6:10836"}
+	d := newDispatcher(t, Config{Discovery: found, URLTemplate: "https://{{.Node}}:10836",
+		Targets: map[string]string{"gpu-b": "https://10.9.9.9:10836", "gpu-c": ""}})
+	for node, want := range map[string]string{"gpu-a": "http://10.0.0.5:10836", "gpu-b": "https://10.9.9.9:10836", "gpu-c": "https://gpu-c:10836"} {
+		if got, err := d.agentBase(node); got != want || err != nil {
+			t.Errorf("agentBase(%q) = %q, %v; want %q", node, got, err, want)
+		}
+	}
+	if d.Known("gpu-d") {
+		t.Error("a node on neither list is known")
+	}
+	if n := len(d.routes()); n != 3 {
+		t.Errorf("%d known nodes, want 3", n)
+	}
+	if _, err := New(Config{Discovery: staticAgents{}}); err != nil {
+		t.Errorf("a dispatcher with discovery alone: %v", err)
+	}
+}
