@@ -1,11 +1,13 @@
 // The tests of the deployment files (deploy/, dashboards/) and of the whole
 // loop (e2e/), in a module of their own: the parsers they load the files
 // with (compose-go, the Kubernetes API types, Prometheus's PromQL,
-// BuildKit's Dockerfile parser) stay out of the root module, which lists only what the binaries use. `make test`
-// runs them; the replace below tests the code of this checkout.
+// BuildKit's Dockerfile parser) stay out of the root module, which lists
+// only what the binaries use. `make test` runs them; the replace below
+// tests the code of this checkout.
 // github.com/prometheus/prometheus stays at v0.315.1 (only its PromQL
 // parser is used): v0.316.0 asks for go 1.26.7, and this module, like the
-// root, asks for no more than go 1.26.0.
+// root, asks for no more than go 1.26.0. For the same reason
+// github.com/moby/buildkit stays at v0.31.2 (v0.32.0 asks for go 1.26.3).
 module github.com/gpu-orphan/gpu-orphan/test
 
 go 1.26.0
