@@ -7,18 +7,14 @@
 #
 # Usage: scripts/hardware-check.sh BIN_DIR FORK_ORPHAN_PY OUT_DIR
 set -uo pipefail
+. "$(dirname "$0")/hardware-lib.sh"
 bin=$1 py=$2 out=$3
 mkdir -p "$out"
 log="$out/hardware-check.log"
 exec > >(tee "$log") 2>&1
 port_exp=19835 port_rem=19836
-token=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
-tokfile=$(mktemp); echo "$token" > "$tokfile"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 -- -"$p" "$p" 2>/dev/null; done; }
-trap cleanup EXIT
+tokfile=$(mktemp); new_token "$tokfile"; token=$(cat "$tokfile")
 
-section() { echo; echo "=== $* ($(date +%T.%3N))"; }
 smi() {
   nvidia-smi --query-gpu=index,uuid,memory.used,memory.reserved,memory.total --format=csv
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv

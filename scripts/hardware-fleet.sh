@@ -7,17 +7,14 @@
 #
 # Usage: scripts/hardware-fleet.sh BIN_DIR FORK_ORPHAN_PY OUT_DIR
 set -uo pipefail
+. "$(dirname "$0")/hardware-lib.sh"
 bin=$1 py=$2 out=$3
 mkdir -p "$out"
 exec > >(tee "$out/hardware-fleet.log") 2>&1
 work=$(mktemp -d)
-head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$work/agent.token"
-head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$work/dispatcher.token"
+new_token "$work/agent.token"
+new_token "$work/dispatcher.token"
 echo '{"h200": "http://127.0.0.1:10836"}' > "$work/targets.json"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 -- -"$p" "$p" 2>/dev/null; done; }
-trap cleanup EXIT
-section() { echo; echo "=== $* ($(date +%T.%3N))"; }
 api() { curl -s -H "Authorization: Bearer $(cat "$work/$1.token")" "$2"; }
 
 section "machine"
@@ -31,8 +28,6 @@ section "start: exporter and agent on their default ports, dispatcher on 10837"
 "$bin/gpu-orphan-remediator" --role=dispatcher --web.listen-address=127.0.0.1:10837 --alert.uuid-label=gpu_uuid \
   --auth.token-file="$work/dispatcher.token" --dispatch.token-file="$work/agent.token" \
   --dispatch.targets-file="$work/targets.json" --store.path="$work/dispatcher.db" > "$out/dispatcher.log" 2>&1 & pids+=($!)
-# The agent listens on every address, so 127.0.0.3:10836 reaches it: an alert
-# naming node 127.0.0.3 that was forwarded would show as a second agent action.
 sleep 3
 for p in 10835 10836 10837; do curl -s -o /dev/null -w "port $p: HTTP %{http_code}\n" "localhost:$p/metrics"; done
 
@@ -51,6 +46,8 @@ alert() { # node startsAt fingerprint
 }
 post() { curl -s -w ' HTTP %{http_code}' -H "Authorization: Bearer $(cat "$work/dispatcher.token")" -H 'Content-Type: application/json' -d "$1" localhost:10837/api/v1/alerts; echo; }
 
+# The agent listens on every address, so 127.0.0.3:10836 reaches it: had the
+# dispatcher forwarded this alert, the agent would show a second action.
 section "an alert naming node 127.0.0.3 (on no list)"
 post "$(alert 127.0.0.3 "$(date -u +%Y-%m-%dT%H:%M:%SZ)" 00000000000000b1)"
 
