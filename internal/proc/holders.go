@@ -31,6 +31,9 @@ type Holding struct {
 	// Files are the files through which its descriptors hold the device.
 	// A mapping of the device names one of them in /proc/PID/maps.
 	Files []FileID
+	// FDs are the descriptors (in Via's table) that hold the device, for
+	// kcmp: two processes share an open file only through descriptors.
+	FDs []int
 }
 
 // HolderScan is what one pass over /proc/*/fd found.
@@ -156,6 +159,7 @@ type scanner struct {
 	dirbuf   []byte
 	hits     [][]Holding
 	files    [][]FileID // this process's files per device, while it is read
+	fds      [][]int    // and its descriptors of each device
 	scanned  int
 	denied   int
 	shielded []int
@@ -167,6 +171,7 @@ func (s *scanner) init(rootfd int, devs []Device) {
 	s.dirbuf = make([]byte, direntBufSize)
 	s.hits = make([][]Holding, len(devs))
 	s.files = make([][]FileID, len(devs))
+	s.fds = make([][]int, len(devs))
 }
 
 // What reading one fd table gave.
@@ -185,6 +190,7 @@ const (
 func (s *scanner) scanPID(pid int) tableResult {
 	for i := range s.files {
 		s.files[i] = s.files[i][:0]
+		s.fds[i] = s.fds[i][:0]
 	}
 	dir := strconv.Itoa(pid)
 	via := pid
@@ -203,7 +209,7 @@ func (s *scanner) scanPID(pid int) tableResult {
 	}
 	for i, files := range s.files {
 		if len(files) > 0 {
-			s.hits[i] = append(s.hits[i], Holding{PID: pid, Via: via, Files: slices.Clone(files)})
+			s.hits[i] = append(s.hits[i], Holding{PID: pid, Via: via, Files: slices.Clone(files), FDs: slices.Clone(s.fds[i])})
 		}
 	}
 	return tableRead
@@ -236,7 +242,8 @@ func (s *scanner) scanTable(dir string) tableResult {
 			if res == tableDenied {
 				return
 			}
-			if _, ok := atoi(name); !ok {
+			fd, ok := atoi(name)
+			if !ok {
 				return
 			}
 			res = tableRead
@@ -252,6 +259,7 @@ func (s *scanner) scanTable(dir string) tableResult {
 			}
 			for i, d := range s.devs {
 				if d.matches(&st) {
+					s.fds[i] = append(s.fds[i], fd)
 					id := FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}
 					if !slices.Contains(s.files[i], id) {
 						s.files[i] = append(s.files[i], id)
