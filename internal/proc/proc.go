@@ -17,6 +17,9 @@ type Process struct {
 	User      string
 	Comm      string
 	Cmdline   string
+	// Exe is the file the process runs (/proc/PID/exe), which it cannot
+	// rename as it can Comm and Cmdline; unknown when unreadable.
+	Exe Exe
 	// Cgroup is the process's cgroup v2 path (or the first v1 path).
 	Cgroup string
 	// Container and Pod are parsed from Cgroup when the process runs in a

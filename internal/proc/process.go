@@ -69,6 +69,7 @@ func (fs FS) Process(pid int) (Process, error) {
 		// A process is alive while any of its threads is.
 		pr.LeaderExited = fs.threadAlive(pid)
 	}
+	pr.Exe = fs.exe(pid, pr.LeaderExited)
 	for _, n := range status.NSpids {
 		pr.NSpid = append(pr.NSpid, int(n))
 	}
