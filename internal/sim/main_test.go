@@ -243,3 +243,160 @@ func gone(pid int) error {
 	}
 	return nil
 }
+
+// simCmd is a gpu-orphan-sim command other than run (launch, mps), started
+// in a process group of its own; what it prints comes on lines.
+type simCmd struct {
+	cmd    *exec.Cmd
+	pid    int
+	lines  chan string
+	stderr string
+	waited bool
+	// also are processes outside its group (a launcher's rank), or that
+	// outlive it (an MPS server), for cleanup to kill and reap.
+	also []int
+}
+
+func startSim(t *testing.T, args ...string) *simCmd {
+	t.Helper()
+	s := &simCmd{stderr: filepath.Join(t.TempDir(), "stderr"), lines: make(chan string, 16)}
+	errFile, err := os.Create(s.stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errFile.Close()
+	// A pipe of our own rather than StdoutPipe, so that Wait neither waits
+	// for nor closes it: a launcher's rank writes to it too.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = exec.Command(simBinary(t), args...)
+	s.cmd.Stdout, s.cmd.Stderr = w, errFile
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = s.cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	s.pid = s.cmd.Process.Pid
+	t.Cleanup(s.cleanup)
+	go func() {
+		defer r.Close()
+		defer close(s.lines)
+		br := bufio.NewReader(r)
+		for {
+			line, err := br.ReadString('\n')
+			if line != "" {
+				s.lines <- line
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// line returns the fields of the next line the command prints.
+func (s *simCmd) line(t *testing.T) []string {
+	t.Helper()
+	select {
+	case l, ok := <-s.lines:
+		if !ok {
+			s.wait()
+			b, _ := os.ReadFile(s.stderr)
+			t.Fatalf("%v printed no more lines (%v); stderr: %s", s.cmd.Args[1:], s.cmd.ProcessState, b)
+		}
+		return strings.Fields(l)
+	case <-time.After(10 * time.Second):
+		b, _ := os.ReadFile(s.stderr)
+		t.Fatalf("%v printed no line within 10s; stderr: %s", s.cmd.Args[1:], b)
+	}
+	return nil
+}
+
+func (s *simCmd) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(s.pid, sig); err != nil {
+		t.Fatalf("kill %d: %v", s.pid, err)
+	}
+}
+
+func (s *simCmd) wait() {
+	if !s.waited {
+		s.cmd.Wait()
+		s.waited = true
+	}
+}
+
+func (s *simCmd) cleanup() {
+	syscall.Kill(-s.pid, syscall.SIGKILL)
+	for _, pid := range s.also {
+		syscall.Kill(-pid, syscall.SIGKILL) // a rank leads its own group
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	s.wait()
+	for _, pid := range s.also {
+		reap(pid)
+	}
+}
+
+// pids parses the PIDs of a line's fields after its first word, which
+// must be word.
+func pids(t *testing.T, fields []string, word string, n int) []int {
+	t.Helper()
+	if len(fields) != n+1 || fields[0] != word {
+		t.Fatalf("line %q, want %q and %d PIDs", fields, word, n)
+	}
+	var out []int
+	for _, f := range fields[1:] {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			t.Fatalf("line %q: bad PID %q", fields, f)
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// fdsOf lists pid's descriptors that name path.
+func fdsOf(t *testing.T, pid int, path string) []int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == path {
+			fd, _ := strconv.Atoi(e.Name())
+			out = append(out, fd)
+		}
+	}
+	return out
+}
+
+// sameDescription reports whether fd1 of pid1 and fd2 of pid2 are one open
+// file description, as after fork or exec (kcmp(2) with KCMP_FILE).
+func sameDescription(t *testing.T, pid1, fd1, pid2, fd2 int) bool {
+	t.Helper()
+	const kcmpFile = 0
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid1), uintptr(pid2), kcmpFile, uintptr(fd1), uintptr(fd2), 0)
+	if errno != 0 {
+		t.Fatalf("kcmp(%d, %d, KCMP_FILE, %d, %d): %v", pid1, pid2, fd1, fd2, errno)
+	}
+	return r == 0
+}
+
+// commOf reads /proc/PID/comm.
+func commOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSuffix(string(b), "\n")
+}

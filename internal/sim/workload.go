@@ -37,6 +37,21 @@ type WorkloadConfig struct {
 	// process does for every visible device. The context is still made on
 	// GPU alone, the only GPU where NVML lists the process.
 	AllVisible bool
+	// ChildComm, when set, is the name each child gives itself with
+	// prctl(PR_SET_NAME) before it reports ready, as workers that name
+	// themselves do: /proc/PID/comm shows it, /proc/PID/exe still names
+	// this binary. At most MaxCommLen bytes.
+	ChildComm string
+	// ClosingChildren is how many of the children (the first ones) close
+	// every inherited descriptor once they have mapped the device node, and
+	// keep the mapping: they hold no context (docs/facts.md).
+	ClosingChildren int
+	// Helper starts one more process the way a double fork does: a child
+	// starts a grandchild with the inherited descriptors and exits, so the
+	// grandchild (Workload.Helper) is reparented to the nearest subreaper or
+	// PID 1, stays in this process group and session, and shares this
+	// process's open file descriptions.
+	Helper bool
 	// Logger receives the children's exits; nil discards them.
 	Logger *slog.Logger
 }
@@ -55,12 +70,32 @@ const IgnoreSIGTERMFlag = "--ignore-sigterm"
 // OtherDevicesFlag is the child subcommand's flag for ChildConfig.OtherDevices.
 const OtherDevicesFlag = "--other-devices"
 
+// CommFlag is the child subcommand's flag for ChildConfig.Comm.
+const CommFlag = "--comm"
+
+// CloseDescriptorsFlag is the child subcommand's flag for
+// ChildConfig.CloseDescriptors.
+const CloseDescriptorsFlag = "--close-descriptors"
+
+// ForkHelperFlag is the child subcommand's flag for ChildConfig.ForkHelper.
+const ForkHelperFlag = "--fork-helper"
+
 // ChildConfig is what a child learns from its command line.
 type ChildConfig struct {
 	IgnoreSIGTERM bool
 	// OtherDevices is how many device nodes of other GPUs the child
 	// inherited, from descriptor childOtherFD on (WorkloadConfig.AllVisible).
 	OtherDevices int
+	// Comm renames the child (WorkloadConfig.ChildComm); RunChild must then
+	// run on the main thread.
+	Comm string
+	// CloseDescriptors closes every inherited descriptor after mapping the
+	// device nodes (WorkloadConfig.ClosingChildren).
+	CloseDescriptors bool
+	// ForkHelper makes this child the middle of a double fork: it starts
+	// a plain child with its descriptors, reports that child's PID, and
+	// exits (WorkloadConfig.Helper).
+	ForkHelper bool
 }
 
 // The descriptors a child inherits, after stdin, stdout and stderr.
@@ -85,11 +120,12 @@ var ErrOutOfMemory = errors.New("CUDA out of memory")
 type Workload struct {
 	PID       int
 	ChildPIDs []int
-	Context   Context
+	// Helper is the double-forked helper's PID, 0 without one.
+	Helper  int
+	Context Context
 
-	dev, ctx, uvm *os.File
-	// others are the device nodes of the other GPUs (AllVisible).
-	others []*os.File
+	*devices
+	ctx *os.File
 }
 
 // StartWorkload creates a context of cfg.MiB on cfg.GPU in this process and
@@ -103,6 +139,14 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 	}
 	if cfg.Children < 0 || cfg.Children > MaxChildren {
 		return nil, fmt.Errorf("sim: %d children out of range 0..%d", cfg.Children, MaxChildren)
+	}
+	if cfg.ClosingChildren < 0 || cfg.ClosingChildren > cfg.Children {
+		return nil, fmt.Errorf("sim: %d closing children out of range 0..%d (the children)", cfg.ClosingChildren, cfg.Children)
+	}
+	if cfg.ChildComm != "" {
+		if err := checkComm(cfg.ChildComm); err != nil {
+			return nil, err
+		}
 	}
 	n, err := Load(cfg.Root)
 	if err != nil {
@@ -120,24 +164,9 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 		return nil, fmt.Errorf("sim: reading own start time: %w", err)
 	}
 	w := &Workload{PID: os.Getpid()}
-	w.dev, err = os.OpenFile(n.DevicePath(g.Minor), os.O_RDWR, 0)
+	w.devices, err = openDevices(n, g, true, cfg.AllVisible)
 	if err != nil {
-		return nil, fmt.Errorf("sim: opening device node: %w", err)
-	}
-	if err := mapDevice(int(w.dev.Fd())); err != nil {
-		w.dev.Close()
 		return nil, err
-	}
-	w.uvm, err = os.OpenFile(n.UVMPath(), os.O_RDWR, 0)
-	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("sim: opening %s (a node made by an older gpu-orphan-sim? init --force): %w", n.UVMPath(), err)
-	}
-	if cfg.AllVisible {
-		if err := w.openOthers(n, g.Index); err != nil {
-			w.Close()
-			return nil, err
-		}
 	}
 	w.Context = Context{GPU: g.Index, PID: w.PID, StartTime: st.StartTime, UsedBytes: cfg.MiB * gpu.MiB}
 	w.ctx, err = allocate(n, g, cfg.MiB, &w.Context)
@@ -145,8 +174,8 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 		w.Close()
 		return nil, err
 	}
-	for range cfg.Children {
-		cmd, err := startChild(w, cfg.IgnoreSIGTERM)
+	for i := range cfg.Children {
+		cmd, _, err := startChild(w, w.childArgs(cfg, i < cfg.ClosingChildren))
 		if err != nil {
 			w.kill()
 			return nil, err
@@ -159,24 +188,53 @@ func StartWorkload(cfg WorkloadConfig) (*Workload, error) {
 			logger.Info("child exited", "pid", pid, "err", err)
 		}()
 	}
+	if cfg.Helper {
+		if err := w.startHelper(); err != nil {
+			w.kill()
+			return nil, err
+		}
+	}
 	return w, nil
 }
 
-// openOthers opens and maps the device node of every GPU but own.
-func (w *Workload) openOthers(n *Node, own int) error {
-	for _, o := range n.GPUs {
-		if o.Index == own {
-			continue
-		}
-		f, err := os.OpenFile(n.DevicePath(o.Minor), os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("sim: opening device node of GPU %d: %w", o.Index, err)
-		}
-		w.others = append(w.others, f)
-		if err := mapDevice(int(f.Fd())); err != nil {
-			return err
-		}
+// childArgs is the command line of a child.
+func (w *Workload) childArgs(cfg WorkloadConfig, closing bool) []string {
+	var args []string
+	if cfg.IgnoreSIGTERM {
+		args = append(args, IgnoreSIGTERMFlag)
 	}
+	if len(w.others) > 0 {
+		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(len(w.others)))
+	}
+	if cfg.ChildComm != "" {
+		args = append(args, CommFlag+"="+cfg.ChildComm)
+	}
+	if closing {
+		args = append(args, CloseDescriptorsFlag)
+	}
+	return args
+}
+
+// startHelper double-forks: the middle child starts the helper and exits.
+// Waiting for it here means the helper is reparented before its PID is
+// known to anyone.
+func (w *Workload) startHelper() error {
+	args := []string{ForkHelperFlag}
+	if len(w.others) > 0 {
+		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(len(w.others)))
+	}
+	cmd, msg, err := startChild(w, args)
+	if err != nil {
+		return err
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("sim: the helper's parent %d: %w", cmd.Process.Pid, err)
+	}
+	pid, err := strconv.Atoi(msg)
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("sim: the helper's parent said %q, want its PID", msg)
+	}
+	w.Helper = pid
 	return nil
 }
 
@@ -204,63 +262,87 @@ func allocate(n *Node, g GPU, mib uint64, c *Context) (*os.File, error) {
 	return createContext(n, c)
 }
 
-// startChild starts one child and waits until it has set up its signals,
-// so that a SIGTERM sent right after StartWorkload returns finds them set.
-func startChild(w *Workload, ignoreSIGTERM bool) (*exec.Cmd, error) {
+// startChild starts one child with the child subcommand's flags args and
+// waits until it has set up its signals, so that a SIGTERM sent right after
+// StartWorkload returns finds them set. It returns what the child said
+// after "ok".
+func startChild(w *Workload, args []string) (*exec.Cmd, string, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
+		return nil, "", fmt.Errorf("sim: %w", err)
 	}
 	defer r.Close()
-	args := []string{os.Args[0], ChildCommand}
-	if ignoreSIGTERM {
-		args = append(args, IgnoreSIGTERMFlag)
-	}
-	if len(w.others) > 0 {
-		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(len(w.others)))
-	}
-	// The binary's own path gives the children its name (comm), as forked
-	// workers keep their parent's; /proc/self/exe is the fallback when the
-	// binary was replaced on disk. Stdio goes to /dev/null: a child holding
-	// its parent's output pipes would keep whoever reads them waiting long
-	// after the parent died.
-	self, err := os.Executable()
-	if err != nil {
-		self = "/proc/self/exe"
-	}
-	cmd := &exec.Cmd{
-		Path: self,
-		Args: args,
-		// childDevFD, childContextFD, childReadyFD, childUVMFD, then
-		// childOtherFD on.
-		ExtraFiles: append([]*os.File{w.dev, w.ctx, wr, w.uvm}, w.others...),
-	}
-	err = cmd.Start()
+	// childDevFD, childContextFD, childReadyFD, childUVMFD, then
+	// childOtherFD on.
+	files := append([]*os.File{w.dev, w.ctx, wr, w.uvm}, w.others...)
+	cmd, err := execSelf(append([]string{ChildCommand}, args...), files)
 	wr.Close()
 	if err != nil {
-		return nil, fmt.Errorf("sim: starting child: %w", err)
+		return nil, "", fmt.Errorf("sim: starting child: %w", err)
 	}
-	var msg []byte
-	if err = r.SetReadDeadline(time.Now().Add(childReadyTimeout)); err == nil {
-		msg, err = io.ReadAll(r)
-	}
-	if err == nil && strings.TrimSpace(string(msg)) != "ok" {
-		err = fmt.Errorf("child said %q", msg)
-	}
+	msg, err := readReady(r)
 	if err != nil {
 		// The child may have exited already; either way it is reaped, and
 		// err says why it did not start.
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, fmt.Errorf("sim: child %d did not start: %w", cmd.Process.Pid, err)
+		return nil, "", fmt.Errorf("sim: child %d did not start: %w", cmd.Process.Pid, err)
+	}
+	return cmd, msg, nil
+}
+
+// selfCommand is this binary with args and files as its descriptors 3 on.
+// The binary's own path gives the child its name (comm), as forked workers
+// keep their parent's; /proc/self/exe is the fallback when the binary was
+// replaced on disk. Stdio goes to /dev/null: a child holding its parent's
+// output pipes would keep whoever reads them waiting long after the parent
+// died.
+func selfCommand(args []string, files []*os.File) *exec.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		self = "/proc/self/exe"
+	}
+	return &exec.Cmd{
+		Path:       self,
+		Args:       append([]string{os.Args[0]}, args...),
+		ExtraFiles: files,
+	}
+}
+
+// execSelf starts selfCommand(args, files).
+func execSelf(args []string, files []*os.File) (*exec.Cmd, error) {
+	cmd := selfCommand(args, files)
+	if err := cmd.Start(); err != nil {
+		return nil, err
 	}
 	return cmd, nil
+}
+
+// readReady reads a child's readiness message, "ok" and maybe more words,
+// until the child closes its end, and returns what follows "ok".
+func readReady(r *os.File) (string, error) {
+	var msg []byte
+	err := r.SetReadDeadline(time.Now().Add(childReadyTimeout))
+	if err == nil {
+		msg, err = io.ReadAll(r)
+	}
+	if err != nil {
+		return "", err
+	}
+	rest, ok := strings.CutPrefix(strings.TrimSpace(string(msg)), "ok")
+	if !ok || (rest != "" && rest[0] != ' ') {
+		return "", fmt.Errorf("child said %q", msg)
+	}
+	return strings.TrimSpace(rest), nil
 }
 
 // kill undoes a half-started workload.
 func (w *Workload) kill() {
 	for _, pid := range w.ChildPIDs {
 		_ = unix.Kill(pid, unix.SIGKILL) // best effort: it may be gone already
+	}
+	if w.Helper > 0 {
+		_ = unix.Kill(w.Helper, unix.SIGKILL)
 	}
 	w.Close()
 }
@@ -278,9 +360,19 @@ func (w *Workload) ReadyLine() string {
 	return b.String()
 }
 
+// HelperLine is the line `gpu-orphan-sim run --helper` prints after the
+// ready line: "helper PID".
+func (w *Workload) HelperLine() string { return "helper " + strconv.Itoa(w.Helper) }
+
 // Hold keeps the workload's descriptors open until ctx ends, then closes
 // them. With context.Background it holds until the process is killed.
 func (w *Workload) Hold(ctx context.Context) error {
+	hold(ctx)
+	return w.Close()
+}
+
+// hold returns when ctx ends.
+func hold(ctx context.Context) {
 	// A pending timer keeps the runtime from calling it a deadlock once
 	// every child has been reaped.
 	t := time.NewTicker(time.Hour)
@@ -288,7 +380,7 @@ func (w *Workload) Hold(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return w.Close()
+			return
 		case <-t.C:
 		}
 	}
@@ -298,22 +390,29 @@ func (w *Workload) Hold(ctx context.Context) error {
 // children hold theirs.
 func (w *Workload) Close() error {
 	var errs []error
-	for _, f := range append([]*os.File{w.ctx, w.dev, w.uvm}, w.others...) {
-		if f != nil {
-			errs = append(errs, f.Close())
-		}
+	if w.ctx != nil {
+		errs = append(errs, w.ctx.Close())
+	}
+	if w.devices != nil {
+		errs = append(errs, w.devices.close())
 	}
 	return errors.Join(errs...)
 }
 
 // RunChild is the body of a child: it checks the inherited descriptors,
-// tells the parent it is ready, and sleeps holding them until killed.
+// maps the device nodes, tells the parent it is ready, and sleeps holding
+// them until killed.
 func RunChild(cfg ChildConfig) error {
 	if cfg.IgnoreSIGTERM {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	if cfg.OtherDevices < 0 || cfg.OtherDevices >= MaxGPUs {
 		return fmt.Errorf("sim: child: %d other devices out of range 0..%d", cfg.OtherDevices, MaxGPUs-1)
+	}
+	if cfg.Comm != "" {
+		if err := checkComm(cfg.Comm); err != nil {
+			return err
+		}
 	}
 	fds := []int{childDevFD, childContextFD, childReadyFD, childUVMFD}
 	devs := []int{childDevFD}
@@ -327,10 +426,30 @@ func RunChild(cfg ChildConfig) error {
 			return fmt.Errorf("sim: child: inherited descriptor %d: %w (run only by gpu-orphan-sim run)", fd, err)
 		}
 	}
+	if cfg.ForkHelper {
+		return forkHelper(cfg)
+	}
 	// An exec'd child does not inherit its parent's mappings as a forked
 	// one does, so it maps the device nodes itself.
 	for _, fd := range devs {
 		if err := mapDevice(fd); err != nil {
+			return err
+		}
+	}
+	if cfg.CloseDescriptors {
+		// As closerange(3, ...) after fork: every inherited descriptor but
+		// the one that reports readiness, closed below. The runtime's own
+		// descriptors, opened after these, stay.
+		for _, fd := range fds {
+			if fd != childReadyFD {
+				if err := unix.Close(fd); err != nil {
+					return fmt.Errorf("sim: child: closing descriptor %d: %w", fd, err)
+				}
+			}
+		}
+	}
+	if cfg.Comm != "" {
+		if err := setComm(cfg.Comm); err != nil {
 			return err
 		}
 	}
@@ -345,17 +464,37 @@ func RunChild(cfg ChildConfig) error {
 	}
 }
 
-// DeviceMapBytes is the size of a simulated device node, and of the
-// mapping a workload keeps of it.
-const DeviceMapBytes = 4096
-
-// mapDevice maps the device node as a CUDA context maps the real one: the
-// mapping (not just the descriptor) is what tells a context's holders from
-// tools that only query NVML. It is never unmapped: it lives as long as the
-// process.
-func mapDevice(fd int) error {
-	if _, err := unix.Mmap(fd, 0, DeviceMapBytes, unix.PROT_READ, unix.MAP_SHARED); err != nil {
-		return fmt.Errorf("sim: mapping the device node: %w", err)
+// forkHelper is the middle of a double fork: it starts a plain child with
+// the descriptors it inherited, the same open file descriptions as the
+// workload's, reports that child's PID once it is ready, and returns so
+// that this process exits and the child is reparented.
+func forkHelper(cfg ChildConfig) error {
+	r, wr, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("sim: helper: %w", err)
+	}
+	defer r.Close()
+	files := []*os.File{os.NewFile(childDevFD, "dev"), os.NewFile(childContextFD, "context"), wr, os.NewFile(childUVMFD, "uvm")}
+	for i := range cfg.OtherDevices {
+		files = append(files, os.NewFile(uintptr(childOtherFD+i), "other"))
+	}
+	var args []string
+	if cfg.OtherDevices > 0 {
+		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(cfg.OtherDevices))
+	}
+	cmd, err := execSelf(append([]string{ChildCommand}, args...), files)
+	wr.Close()
+	if err != nil {
+		return fmt.Errorf("sim: starting helper: %w", err)
+	}
+	if _, err := readReady(r); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("sim: helper %d did not start: %w", cmd.Process.Pid, err)
+	}
+	if _, err := unix.Write(childReadyFD, []byte("ok "+strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("sim: helper: %w", err)
 	}
 	return nil
 }

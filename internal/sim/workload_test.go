@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // Real processes and real signals: each test starts `gpu-orphan-sim run`
@@ -201,7 +205,13 @@ func TestRunUsageErrors(t *testing.T) {
 		{"run", "--root", root, "--gpu", "1", "--mib", "1"},
 		{"run", "--root", root, "--gpu", "0", "--mib", "1", "--children", "-1"},
 		{"run", "--root", t.TempDir(), "--gpu", "0", "--mib", "1"},
-		{"child"}, // without inherited descriptors
+		{"run", "--root", root, "--gpu", "0", "--mib", "1", "--children", "1", "--closing-children", "2"},
+		{"run", "--root", root, "--gpu", "0", "--mib", "1", "--child-comm", "sixteen-bytes-xx"},
+		{"launch", "--root", root, "--gpu", "1"},
+		{"mps", "--root", root, "--gpu", "1"},
+		{"child"},                                                  // without inherited descriptors
+		{"mps-server"},                                             // without its flags
+		{"mps-server", "--root", root, "--gpu", "0", "--mib", "1"}, // nor its control daemon
 	} {
 		out, err := exec.Command(simBinary(t), args...).CombinedOutput()
 		if err == nil || len(out) == 0 {
@@ -212,4 +222,145 @@ func TestRunUsageErrors(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "GPU 0 GPU-") {
 		t.Errorf("status: %v\n%s", err, out)
 	}
+}
+
+// TestHelper: a double-forked helper of a live trainer is reparented to the
+// nearest subreaper (this test, see TestMain) or PID 1, stays in the
+// trainer's group and session, and shares the trainer's own open files:
+// it alone keeps the context once the trainer and its worker are dead.
+func TestHelper(t *testing.T) {
+	t.Parallel()
+	root := newNode(t, 1)
+	d := newDriver(t, root)
+	w := testenv.StartWorkload(t, root, 0, 1024, 1, testenv.HelperFlag)
+	if w.Helper <= 0 || len(w.Children) != 1 {
+		t.Fatalf("helper %d, children %v; want a helper and one child", w.Helper, w.Children)
+	}
+	if ppid := statusField(t, w.Helper, "PPid"); ppid != strconv.Itoa(os.Getpid()) && ppid != "1" {
+		t.Errorf("helper's parent %s, want this subreaper %d or 1", ppid, os.Getpid())
+	}
+	if pg, err := syscall.Getpgid(w.Helper); err != nil || pg != w.PID {
+		t.Errorf("helper in group %d (%v), want the trainer's %d", pg, err, w.PID)
+	}
+	if sid, err := unix.Getsid(w.Helper); err != nil || sid != w.PID {
+		t.Errorf("helper in session %d (%v), want the trainer's %d", sid, err, w.PID)
+	}
+	ctxs, err := listContexts(d.Node())
+	if err != nil || len(ctxs) != 1 {
+		t.Fatalf("contexts %v, %v; want one", ctxs, err)
+	}
+	dev := d.DevicePath(0)
+	for _, path := range []string{dev, ctxs[0].Path, d.Node().UVMPath()} {
+		tf, hf := fdsOf(t, w.PID, path), fdsOf(t, w.Helper, path)
+		if len(tf) != 1 || len(hf) != 1 {
+			t.Errorf("descriptors of %s: trainer %v, helper %v; want one each", path, tf, hf)
+		} else if !sameDescription(t, w.PID, tf[0], w.Helper, hf[0]) {
+			t.Errorf("the helper's %s is not the trainer's open file", path)
+		}
+	}
+	if n := mapsOf(t, w.Helper, dev); n != 1 {
+		t.Errorf("helper maps %s %d times, want once", dev, n)
+	}
+	owner := gpu.Process{PID: uint32(w.PID), UsedBytes: 1024 * gpu.MiB}
+	if err := wantGPU(d, 0, 1032, owner); err != nil {
+		t.Fatal(err)
+	}
+
+	w.KillParent(t)
+	syscall.Kill(w.Children[0], syscall.SIGKILL)
+	reap(w.Children[0]) // ours as subreaper once the trainer died
+	if err := gone(w.Children[0]); err != nil {
+		t.Fatalf("worker killed and reaped but %v", err)
+	}
+	if err := wantGPU(d, 0, 1032, owner); err != nil {
+		t.Fatalf("with the helper alone: %v", err)
+	}
+	syscall.Kill(w.Helper, syscall.SIGKILL)
+	eventually(t, time.Second, "memory freed after the helper's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+}
+
+// TestChildComm: workers that rename themselves show the new name in
+// /proc/PID/comm, while /proc/PID/exe still names the binary.
+func TestChildComm(t *testing.T) {
+	t.Parallel()
+	root := newNode(t, 1)
+	p := startRun(t, root, "--gpu", "0", "--mib", "1", "--children", "2", "--child-comm", "pt_data_worker")
+	exe, err := filepath.EvalSymlinks(simBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range p.children {
+		if comm := commOf(t, c); comm != "pt_data_worker" {
+			t.Errorf("child %d is named %q, want pt_data_worker", c, comm)
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", c)); err != nil || l != exe {
+			t.Errorf("child %d runs %q (%v), want %s", c, l, err, exe)
+		}
+	}
+	if comm := commOf(t, p.pid); comm != "gpu-orphan-sim" {
+		t.Errorf("workload is named %q, want gpu-orphan-sim", comm)
+	}
+}
+
+// TestClosingChild is the H200's "mappings alone hold nothing": a child
+// that closed every inherited descriptor but kept its mapping of the device
+// does not keep the dead trainer's context once its sibling is killed.
+func TestClosingChild(t *testing.T) {
+	t.Parallel()
+	root := newNode(t, 1)
+	d := newDriver(t, root)
+	p := startRun(t, root, "--gpu", "0", "--mib", "2048", "--children", "2", "--closing-children", "1")
+	if len(p.children) != 2 {
+		t.Fatalf("children %v, want 2", p.children)
+	}
+	closing, sibling := p.children[0], p.children[1]
+	dev := d.DevicePath(0)
+	// Nothing of the node is open in the closing child: no device, no
+	// context, no uvm.
+	if open := openUnder(t, closing, d.Node().Root); len(open) != 0 {
+		t.Errorf("closing child still holds %v", open)
+	}
+	if len(openUnder(t, sibling, d.Node().Root)) == 0 {
+		t.Errorf("sibling holds nothing of the node")
+	}
+	for _, c := range p.children {
+		if n := mapsOf(t, c, dev); n != 1 {
+			t.Errorf("child %d maps %s %d times, want once", c, dev, n)
+		}
+	}
+	owner := gpu.Process{PID: uint32(p.pid), UsedBytes: 2048 * gpu.MiB}
+
+	p.signal(t, syscall.SIGKILL)
+	p.wait()
+	if err := wantGPU(d, 0, 2056, owner); err != nil {
+		t.Fatalf("after the trainer's kill -9, the sibling holds the context: %v", err)
+	}
+	syscall.Kill(sibling, syscall.SIGKILL)
+	eventually(t, time.Second, "memory freed after the sibling's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+	if ctxs, err := listContexts(d.Node()); err != nil || len(ctxs) != 0 {
+		t.Errorf("contexts %v, %v; want none", ctxs, err)
+	}
+	if st, err := readProcStat(closing); err != nil || st.State == "Z" {
+		t.Fatalf("closing child %d: %+v, %v; want alive", closing, st, err)
+	}
+	if n := mapsOf(t, closing, dev); n != 1 {
+		t.Errorf("closing child maps %s %d times, want once still", dev, n)
+	}
+}
+
+// openUnder lists what pid holds open under dir.
+func openUnder(t *testing.T, pid int, dir string) []string {
+	t.Helper()
+	fd := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(fd, e.Name())); err == nil && strings.HasPrefix(l, dir+"/") {
+			out = append(out, l)
+		}
+	}
+	return out
 }

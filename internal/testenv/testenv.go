@@ -5,11 +5,13 @@ package testenv
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,10 +131,19 @@ type Workload struct {
 	Cmd      *exec.Cmd
 	PID      int
 	Children []int
+	// Helper is the double-forked helper of `run --helper`, 0 without one:
+	// reparented to PID 1 (or the nearest subreaper), in the workload's
+	// group and session, sharing its descriptors.
+	Helper int
 }
 
+// HelperFlag is the extra argument of StartWorkload that starts a helper
+// (Workload.Helper).
+const HelperFlag = "--helper"
+
 // StartWorkload runs a workload in its own session, as a scheduler starts
-// a job (and so that it never shares the test's session or group).
+// a job (and so that it never shares the test's session or group). With
+// HelperFlag among extra, it reads the helper's PID too.
 func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra ...string) *Workload {
 	t.Helper()
 	args := append([]string{"run", "--root", root, "--gpu", strconv.Itoa(gpu), "--mib", strconv.Itoa(mib), "--children", strconv.Itoa(children)}, extra...)
@@ -153,8 +164,19 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 			syscall.Kill(c, syscall.SIGKILL)
 		}
 		cmd.Wait()
+		if w.Helper > 0 {
+			syscall.Kill(w.Helper, syscall.SIGKILL)
+			// Reaped here when this process is the subreaper it went to;
+			// ECHILD at once otherwise.
+			for {
+				if _, err := syscall.Wait4(w.Helper, nil, 0, nil); !errors.Is(err, syscall.EINTR) {
+					break
+				}
+			}
+		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
 	if err != nil {
 		t.Fatalf("workload never got ready: %v", err)
 	}
@@ -172,6 +194,18 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 		} else {
 			w.Children = append(w.Children, pid)
 		}
+	}
+	if slices.Contains(extra, HelperFlag) {
+		line, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("workload printed no helper line: %v", err)
+		}
+		f, ok := strings.CutPrefix(strings.TrimSpace(line), "helper ")
+		pid, err := strconv.Atoi(f)
+		if !ok || err != nil || pid <= 0 {
+			t.Fatalf("unexpected helper line %q", line)
+		}
+		w.Helper = pid
 	}
 	return w
 }
