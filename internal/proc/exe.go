@@ -38,13 +38,22 @@ const deletedSuffix = " (deleted)"
 // CAP_SYS_PTRACE).
 func (e Exe) Known() bool { return e.File.Ino != 0 }
 
-// Name is the base name of Path without a trailing " (deleted)", or "".
-func (e Exe) Name() string {
+// ExecPath is Path without a trailing " (deleted)": where the file was
+// when the process exec'd it, symlinks resolved. "" when unknown.
+func (e Exe) ExecPath() string {
 	p := strings.TrimSuffix(e.Path, deletedSuffix)
 	if !strings.HasPrefix(p, "/") {
 		return ""
 	}
-	return filepath.Base(p)
+	return p
+}
+
+// Name is the base name of ExecPath, or "".
+func (e Exe) Name() string {
+	if p := e.ExecPath(); p != "" {
+		return filepath.Base(p)
+	}
+	return ""
 }
 
 // Deleted reports whether the file was removed or replaced after the

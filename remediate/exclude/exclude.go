@@ -1,9 +1,9 @@
 // Package exclude holds the rules that keep a process out of any cleanup,
 // whatever the snapshot says: PID 1, kernel threads, a process whose
 // identity is unknown, the remediator itself with its process group and
-// session, zombies, and the protected names. Package decide applies them
-// when it plans; package kill applies them again to group members that
-// appear after the plan.
+// session, zombies, and the protected daemons, known by the file they run.
+// Package decide applies them when it plans; package kill applies them
+// again to group members that appear after the plan.
 package exclude
 
 import (
@@ -29,6 +29,10 @@ const (
 // process group or its session.
 type Self struct {
 	PID, PGID, SID int
+	// UID is the remediator's effective UID. An executable that this user
+	// owns is trusted as one that root owns (see Rules.Protected): when the
+	// remediator runs as a user, that user's files are its own.
+	UID int
 }
 
 // CurrentSelf returns the identity of the calling process.
@@ -37,20 +41,42 @@ func CurrentSelf() Self {
 	if err != nil {
 		sid = 0
 	}
-	return Self{PID: unix.Getpid(), PGID: unix.Getpgrp(), SID: sid}
+	return Self{PID: unix.Getpid(), PGID: unix.Getpgrp(), SID: sid, UID: unix.Geteuid()}
 }
 
 // Rules are the rules that need no snapshot.
 type Rules struct {
-	// Protected are comm patterns never touched; nil means DefaultProtected.
-	// To protect nothing beyond the fixed rules, pass an empty, non-nil slice.
+	// Protected are the processes never touched, by what they run; nil
+	// means DefaultProtected. To protect nothing beyond the fixed rules,
+	// pass an empty, non-nil slice. Each entry is
+	//   - an absolute path ("/usr/bin/nv-hostengine"): a process whose
+	//     executable is that very file (st_dev, st_ino, as stat'ed when the
+	//     rules are built, symlinks followed) is protected, whatever name
+	//     it was exec'd by; so is one whose executable was at that path,
+	//     when the file is trusted (below);
+	//   - or a name pattern ("nv-hostengine", "sshd*": exact, or a prefix
+	//     ending in "*", case-sensitive): a process is protected when the
+	//     name of its executable matches and the file is trusted.
+	// A file is trusted when root (or Self.UID) owns it and neither group
+	// nor others may write it: a user's own copy of a binary named like a
+	// daemon is not, nor is a worker that renamed itself (comm, argv) but
+	// runs python. Only when /proc will not tell the executable (see
+	// proc.Exe.Known) does the comm count, against the patterns and the
+	// paths' base names, truncated to 15 bytes as the kernel keeps it:
+	// when in doubt, do not signal.
 	Protected []string
 	// Self is the remediator; the zero value means the calling process.
 	Self Self
+
+	// files are Protected's paths as stat'ed by WithDefaults (resolved).
+	files    protectedFiles
+	resolved bool
 }
 
 // WithDefaults fills in DefaultProtected and the calling process as Self
-// where r leaves them unset.
+// where r leaves them unset, and stats the executables that Protected names
+// by path, unless that was done: keep the Rules it returns to stat them
+// once. Paths that do not exist are ignored.
 func (r Rules) WithDefaults() Rules {
 	if r.Protected == nil {
 		r.Protected = DefaultProtected
@@ -58,10 +84,15 @@ func (r Rules) WithDefaults() Rules {
 	if r.Self == (Self{}) {
 		r.Self = CurrentSelf()
 	}
+	if !r.resolved {
+		r.files, r.resolved = statProtected(r.Protected), true
+	}
 	return r
 }
 
 // Why reports why p must never be signalled, or "" when no rule applies.
+// It looks nothing up about p: what it runs is p.Exe, read with the rest
+// of the snapshot.
 func (r Rules) Why(p proc.Process) remediate.ExclusionReason {
 	r = r.WithDefaults()
 	switch {
@@ -83,7 +114,7 @@ func (r Rules) Why(p proc.Process) remediate.ExclusionReason {
 	case p.Zombie():
 		return WhyZombie
 	}
-	if _, ok := protected(p.Comm, r.Protected); ok {
+	if p.Exe.Known() && r.protectedExe(p.Exe) || !p.Exe.Known() && protectedComm(p.Comm, r.Protected) {
 		return WhyProtected
 	}
 	return ""
