@@ -5,7 +5,9 @@
 package remediateflag
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -30,7 +32,8 @@ type Remediation struct {
 	MinBytes      uint64
 	Grace         time.Duration
 	VerifyTimeout time.Duration
-	// Protected are more protected command names, beside the built-in list.
+	// Protected are more protected executables, by name or absolute path,
+	// beside the built-in list (see exclude.Rules.Protected).
 	Protected []string
 }
 
@@ -55,9 +58,38 @@ func addRemediationFlags(a flagger, prefix, minAge string) *Remediation {
 		Default("256MiB"), &r.MinBytes)
 	cli.DurationVar(a.Flag(prefix+"grace", "Time between SIGTERM and SIGKILL.").Default("10s"), &r.Grace)
 	cli.DurationVar(a.Flag(prefix+"verify-timeout", "How long to wait for the memory to come back after the signals.").Default("30s"), &r.VerifyTimeout)
-	a.Flag(prefix+"protect", "Also never touch processes with this command name (repeatable; 'name*' matches a prefix). Added to the built-in list: nvidia-persistenced, nv-hostengine, dcgm, Xorg, sshd, kubelet, containerd, dockerd, systemd, ...").StringsVar(&r.Protected)
+	f := a.Flag(prefix+"protect", "Also never touch processes that run this executable (repeatable). An absolute path protects that very file "+
+		"(device and inode, symlinks followed), whatever name runs it, and a root-owned file installed there since. A name ('name', or 'name*' for a prefix) protects "+
+		"executables of that name that root owns and only root can write: a user's copy named like a daemon, or a process that renamed "+
+		"itself, is not protected. The command name (comm) counts only where the executable cannot be read. Added to the built-in list: "+
+		"nvidia-persistenced, nv-fabricmanager, nv-hostengine, dcgm*, nvidia-cuda-mps*, and NVIDIA's daemons by path in /usr/bin and "+
+		"/usr/sbin; Xorg, sshd*, kubelet, containerd*, dockerd, systemd*, ...").PlaceHolder("NAME|PATH")
+	f.SetValue(&protectValue{flag: f.Model().Name, entries: &r.Protected})
 	return r
 }
+
+// protectValue collects --protect entries: absolute paths and names. A
+// relative path is refused: it would protect nothing, silently.
+type protectValue struct {
+	flag    string
+	entries *[]string
+}
+
+func (v *protectValue) Set(s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("invalid --%s: empty; give a name or an absolute path", v.flag)
+	case !exclude.IsPath(s) && strings.Contains(s, "/"):
+		return fmt.Errorf("invalid --%s %q: a name has no '/'; give an absolute path (/usr/bin/NAME) or a name", v.flag, s)
+	}
+	*v.entries = append(*v.entries, s)
+	return nil
+}
+
+func (v *protectValue) String() string { return strings.Join(*v.entries, ",") }
+
+// IsCumulative makes the flag repeatable.
+func (v *protectValue) IsCumulative() bool { return true }
 
 // DecideConfig turns the flags into the decision's configuration.
 func (r *Remediation) DecideConfig() decide.Config {
