@@ -23,14 +23,15 @@ type Loop struct {
 	// suspectSince: when each suspect was first seen, per GPU, process
 	// (PID and start time, so a reused PID starts afresh) and reason.
 	suspectSince map[suspectKey]time.Time
-	// owners remembers who each owner was, to name it once it is dead.
-	owners *ownerBook
+	// lineage remembers who each owner was and who descended from it, to
+	// name it and prove its inheritors once it is dead.
+	lineage *Lineage
 	ticked chan struct{}
 }
 
 // NewLoop returns a Loop; call Run to start it.
 func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
-	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, owners: newOwnerBook(0, 0), ticked: make(chan struct{})}
+	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, lineage: NewLineage(), ticked: make(chan struct{})}
 }
 
 // Run takes snapshots until ctx ends.
@@ -49,7 +50,7 @@ func (l *Loop) Run(ctx context.Context) {
 
 // Refresh takes one snapshot now, records it as the latest and returns it.
 func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
-	s := l.taker.Take(ctx, forceScan)
+	s := l.taker.TakeWith(ctx, forceScan, l.lineage)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.latest != nil && s.Taken.Before(l.latest.Taken) {
@@ -94,7 +95,7 @@ func (l *Loop) age(s *Snapshot) {
 		}
 	}
 	l.ageSuspects(s)
-	l.owners.update(s)
+	l.lineage.update(s)
 }
 
 type suspectKey struct {
@@ -149,6 +150,9 @@ func (l *Loop) Next() <-chan struct{} {
 	defer l.mu.RUnlock()
 	return l.ticked
 }
+
+// Lineage is what the loop remembers across snapshots.
+func (l *Loop) Lineage() *Lineage { return l.lineage }
 
 // OrphanBytes is the threshold that starts a GPU's age clock.
 func (l *Loop) OrphanBytes() uint64 { return l.orphanBytes }

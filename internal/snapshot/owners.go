@@ -11,6 +11,8 @@ import (
 type Identity struct {
 	PID       int
 	StartTime uint64
+	// PGID and SID are its process group and session when last seen.
+	PGID, SID int
 	Comm      string
 	// Cmdline is cut to maxIdentityCmdline bytes: enough to recognise a job.
 	Cmdline     string
@@ -38,7 +40,7 @@ func identityOf(p proc.Process, at time.Time) Identity {
 		cmd = cmd[:maxIdentityCmdline]
 	}
 	return Identity{
-		PID: p.PID, StartTime: p.StartTime, Comm: p.Comm, Cmdline: cmd, UID: p.UID, User: p.User,
+		PID: p.PID, StartTime: p.StartTime, PGID: p.PGID, SID: p.SID, Comm: p.Comm, Cmdline: cmd, UID: p.UID, User: p.User,
 		Cgroup: p.Cgroup, ContainerID: p.Container, PodUID: p.Pod, SlurmJob: p.SlurmJob, SlurmStep: p.SlurmStep,
 		FirstSeen: at, LastSeen: at,
 	}
@@ -115,13 +117,7 @@ func (b *ownerBook) update(s *Snapshot) {
 				continue
 			}
 			// Dead: the latest owner of this GPU that had the PID.
-			var best *ownerEntry
-			for k, e := range b.entries {
-				if k.uuid == uuid && k.pid == pid && (best == nil || e.id.LastSeen.After(best.id.LastSeen)) {
-					best = e
-				}
-			}
-			if best != nil {
+			if best := b.latest(uuid, pid); best != nil {
 				best.listed = now
 				id := best.id
 				o.Identity = &id
@@ -129,6 +125,17 @@ func (b *ownerBook) update(s *Snapshot) {
 		}
 	}
 	b.prune(now)
+}
+
+// latest returns the owner of the GPU with pid that was seen alive last.
+func (b *ownerBook) latest(uuid string, pid int) *ownerEntry {
+	var best *ownerEntry
+	for k, e := range b.entries {
+		if k.uuid == uuid && k.pid == pid && (best == nil || e.id.LastSeen.After(best.id.LastSeen)) {
+			best = e
+		}
+	}
+	return best
 }
 
 // prune drops owners not listed for the retention, then, over the cap,

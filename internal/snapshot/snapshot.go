@@ -3,6 +3,7 @@
 package snapshot
 
 import (
+	"slices"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
@@ -11,14 +12,63 @@ import (
 
 // Reasons a live process is a suspect holder of a GPU.
 const (
-	// ReasonInheritedFromDeadOwner: the process holds the GPU's device node,
-	// NVML does not list it, and NVML lists a dead PID on that GPU. This is
-	// a forked child keeping a dead creator's context alive (docs/facts.md).
+	// ReasonInheritedFromDeadOwner: the process maps the GPU's device node,
+	// NVML does not list it, and the kernel's records prove that it
+	// inherited the context of a dead PID that NVML lists (Holder.Proof):
+	// a forked child keeping a dead creator's context alive
+	// (docs/facts.md).
 	ReasonInheritedFromDeadOwner = "inherited_from_dead_owner"
+	// ReasonUnexplained: the process maps the device of a GPU whose memory
+	// has no live owner, belongs to no live job, and nothing proves that
+	// it inherited a dead owner's context. It is shown, to be looked at,
+	// and never signalled for a dead owner.
+	ReasonUnexplained = "unexplained_holder"
 	// ReasonOrphaned: NVML lists the process and it is alive, but its session
 	// leader died and it was reparented to init or a subreaper.
 	ReasonOrphaned = "orphaned"
 )
+
+// What proves that a holder inherited a dead owner's context (Holder.Proof).
+const (
+	// ProofDescent: a snapshot saw it descend from the owner, holding the
+	// GPU, while the owner lived (by PID and start time).
+	ProofDescent = "descent_recorded"
+	// ProofProcessGroup: it is in the process group the dead owner led,
+	// and started after the owner; a group's ID is not reused while it has
+	// members.
+	ProofProcessGroup = "process_group_of_dead_owner"
+	// ProofSession: the same for the session the dead owner led.
+	ProofSession = "session_of_dead_owner"
+	// ProofSharesFile: it shares an open file of the device (kcmp) with a
+	// proven inheritor of the same dead owner.
+	ProofSharesFile = "shares_open_file_with_inheritor"
+)
+
+// Why an unexplained holder is not proven (Holder.Proof).
+const (
+	// NoProofStartedBefore: it started before every dead owner of the GPU,
+	// so it cannot have inherited from one.
+	NoProofStartedBefore = "started_before_dead_owner"
+	// NoProof: neither recorded descent, nor the dead owner's group or
+	// session, nor an open file shared with a proven inheritor.
+	NoProof = "no_proof"
+)
+
+// How a holder belongs to a live job (JobLink.How).
+const (
+	JobSelf       = "self"
+	JobDescendant = "descendant"
+	JobAncestor   = "ancestor"
+	// JobSharesFile: it shares an open file of the device with the owner,
+	// so it holds the owner's own, live context.
+	JobSharesFile = "shares_open_file"
+)
+
+// ContextOverheadBytes is what NVML charges to no process for each live
+// context: about 8 MiB on the H200 (4714 - 4706 MiB for one context, 6354 -
+// 6340 MiB for two). Memory with no owner that the live contexts explain
+// is not an orphan.
+const ContextOverheadBytes = 8 << 20
 
 // Why a GPU's accounting is withheld rather than published wrong.
 const (
@@ -73,6 +123,9 @@ type Owner struct {
 	// Identity, for a dead owner, is who it was, as a Loop saw it alive;
 	// nil when no snapshot of this process saw it (UnknownIdentity).
 	Identity *Identity
+	// DeadSince, for a dead owner, is when a Loop first saw it dead, in an
+	// unbroken run of snapshots: the age of its orphan.
+	DeadSince time.Time
 }
 
 // Holder is a live process that holds a GPU's device node open and is a
@@ -87,6 +140,12 @@ type Holder struct {
 	// Since is when this process was first seen a suspect for Reason, in
 	// an unbroken run of snapshots (set by Loop).
 	Since time.Time
+	// DeadOwner is the dead listed PID whose context it holds, for
+	// inherited_from_dead_owner.
+	DeadOwner int
+	// Proof is what proves it (Proof*) or, for unexplained_holder, why
+	// nothing does (NoProof*).
+	Proof string
 }
 
 // Holding is a live process that holds a GPU's device node open.
@@ -96,10 +155,32 @@ type Holding struct {
 	// holders do. NVML-only readers (nvidia-smi, DCGM, exporters) keep
 	// the node open without mapping it.
 	Mapped bool
-	// LiveJobGPUs are the UUIDs of the GPUs where the process itself or
-	// one of its ancestors owns live memory: it is part of a live job
-	// there, whatever else it holds.
+	// LiveJobGPUs are the UUIDs of the GPUs where the process is part of a
+	// live job, whatever else it holds: it, one of its ancestors, or one of
+	// its descendants (a launcher) owns live memory there, or it shares an
+	// open file of the device with a live owner there (a helper holding
+	// the owner's own context).
 	LiveJobGPUs []string
+	// LiveJobs say how it belongs to each live owner's job.
+	LiveJobs []JobLink
+}
+
+// JobLink ties a holder to a live owner's job.
+type JobLink struct {
+	OwnerPID int
+	GPU      string
+	// How is one of the Job* constants.
+	How string
+}
+
+func (h *Holding) link(owner int, gpu, how string) {
+	if !slices.Contains(h.LiveJobGPUs, gpu) {
+		h.LiveJobGPUs = append(h.LiveJobGPUs, gpu)
+	}
+	l := JobLink{OwnerPID: owner, GPU: gpu, How: how}
+	if !slices.Contains(h.LiveJobs, l) {
+		h.LiveJobs = append(h.LiveJobs, l)
+	}
 }
 
 // GPU is the account of one GPU (or one MIG instance).
@@ -118,6 +199,10 @@ type GPU struct {
 	UnattributedBytes uint64
 	// UnownedBytes is Used minus OwnedLiveBytes: memory no live process owns.
 	UnownedBytes uint64
+	// UnexplainedBytes is the part of UnownedBytes that is an orphan: what
+	// dead owners own, plus unattributed memory beyond what the live
+	// contexts explain (ContextOverheadBytes each). No policy acts below it.
+	UnexplainedBytes uint64
 
 	// Scanned is true when /proc/*/fd was scanned for this GPU's holders.
 	Scanned bool
@@ -143,6 +228,16 @@ func (g GPU) DeadOwnerListed() bool {
 		}
 	}
 	return false
+}
+
+// Owner returns the listed owner with pid.
+func (g GPU) Owner(pid int) (Owner, bool) {
+	for _, o := range g.Owners {
+		if int(o.PID) == pid {
+			return o, true
+		}
+	}
+	return Owner{}, false
 }
 
 // Healthy reports whether every source of the snapshot succeeded.

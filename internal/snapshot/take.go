@@ -47,6 +47,8 @@ type Taker struct {
 	inflight *driverCall
 	// shielded is the latest scan's shielded PIDs, to log them once.
 	shielded []int
+	// kcmpWarned: that kcmp is unavailable was logged.
+	kcmpWarned bool
 }
 
 // driverCall is one driver Read, shared by every Take that arrives while
@@ -74,8 +76,16 @@ var ErrDriverHung = errors.New("an earlier GPU driver call is still hung")
 
 // Take reads the driver and /proc once. forceScan scans holders of every
 // GPU, as `gpu-orphan ps` does; otherwise only GPUs that show memory with
-// no live owner are scanned, so a healthy node costs almost nothing.
+// no live owner are scanned, so a healthy node costs almost nothing. A
+// snapshot taken alone has no lineage: only what the kernel shows now
+// proves who inherited a dead owner's context.
 func (t *Taker) Take(ctx context.Context, forceScan bool) *Snapshot {
+	return t.TakeWith(ctx, forceScan, nil)
+}
+
+// TakeWith is Take with what a Loop remembers: the owners it saw alive
+// and their recorded descendants, which it also records into.
+func (t *Taker) TakeWith(ctx context.Context, forceScan bool, mem *Lineage) *Snapshot {
 	s := &Snapshot{Taken: time.Now(), Driver: t.cfg.Driver.Name()}
 
 	start := time.Now()
@@ -89,14 +99,15 @@ func (t *Taker) Take(ctx context.Context, forceScan bool) *Snapshot {
 	s.HostPIDsVisible, err = t.pidsVisible()
 	s.GPUs = make([]GPU, 0, len(readings))
 	for _, r := range readings {
-		g, denied := t.account(r, s.HostPIDsVisible)
+		g, denied := t.account(r, s.HostPIDsVisible, mem)
 		s.GPUs = append(s.GPUs, g)
 		s.FDScanDenied += denied
 	}
+	t.recordOwnersDescent(s, mem)
 	s.Sources = append(s.Sources, Source{Name: SourceProc, Err: err, Duration: time.Since(start)})
 
 	start = time.Now()
-	scanned, err := t.scanHolders(s, forceScan)
+	scanned, err := t.scanHolders(s, forceScan, mem)
 	if !scanned && s.FDScanDenied > 0 {
 		scanned, err = true, fmt.Errorf("%w: %d listed owners", ErrScanIncomplete, s.FDScanDenied)
 	}
@@ -166,7 +177,7 @@ func (t *Taker) pidsVisible() (bool, error) {
 // listed PID is a live owner only when a live process has it and holds the
 // GPU's device node: after a dead owner's PID is reused, the newcomer does
 // not (docs/facts.md, measured on the H200).
-func (t *Taker) account(r gpu.Reading, pidsVisible bool) (GPU, int) {
+func (t *Taker) account(r gpu.Reading, pidsVisible bool, mem *Lineage) (GPU, int) {
 	g := GPU{Device: r.Device, Memory: r.Memory, Unsupported: r.Unsupported, Err: r.Err}
 	if !g.Accountable() {
 		return g, 0
@@ -193,11 +204,16 @@ func (t *Taker) account(r gpu.Reading, pidsVisible bool) (GPU, int) {
 				// Unreadable is not proof of reuse: count it as the owner.
 				denied += boolInt(errors.Is(err, proc.ErrDenied))
 				o.Alive, o.Process, o.Unverified = true, &pr, true
+			case holds && t.reused(g.Device.UUID, pr, dev, mem):
+				o.ReusedBy = &pr
 			case holds:
 				o.Alive, o.Process = true, &pr
 			default:
 				o.ReusedBy = &pr
 			}
+		}
+		if !o.Alive {
+			mem.identify(g.Device.UUID, &o)
 		}
 		if o.Alive {
 			g.OwnedLiveBytes += p.UsedBytes
@@ -210,7 +226,112 @@ func (t *Taker) account(r gpu.Reading, pidsVisible bool) (GPU, int) {
 	used := g.Memory.Used
 	g.UnattributedBytes = used - min(listed, used)
 	g.UnownedBytes = used - min(g.OwnedLiveBytes, used)
+	live := uint64(0)
+	for _, o := range g.Owners {
+		if o.Alive {
+			live++
+		}
+	}
+	explained := live * ContextOverheadBytes
+	g.UnexplainedBytes = min(g.OwnedDeadBytes+g.UnattributedBytes-min(explained, g.UnattributedBytes), g.UnownedBytes)
 	return g, denied
+}
+
+// reused reports whether the live process pr, which has a listed PID and
+// holds the GPU, is a newcomer given a dead owner's PID rather than the
+// owner: the Loop remembers another process (another start time) as the
+// owner with that PID, NVML listed the PID in the latest snapshot without
+// a break, and a recorded descendant of that owner still holds the GPU, so
+// its context was never freed for the newcomer to make its own (a CUDA
+// process given a held context's PID fails to initialise: FACTS.md).
+func (t *Taker) reused(uuid string, pr proc.Process, dev proc.Device, mem *Lineage) bool {
+	id, listedLast, ok := mem.remembered(uuid, pr.PID)
+	if !ok || !listedLast || id.StartTime == pr.StartTime {
+		return false
+	}
+	for _, d := range mem.descendants(uuid, procKey{id.PID, id.StartTime}) {
+		st, err := t.cfg.Proc.ReadStat(d.pid)
+		if err != nil || st.StartTime != d.start {
+			continue
+		}
+		if _, holds, err := t.cfg.Proc.HoldingOf(d.pid, dev); err == nil && holds {
+			return true
+		}
+	}
+	return false
+}
+
+// recordOwnersDescent records, for each live owner, its descendants that
+// hold the owner's GPU, by PID and start time: once the owner dies, they
+// are its proven inheritors. It reads the children of the owners' threads,
+// and the descriptors of descendants not seen before; a descendant that
+// does not hold the GPU is not read again, nor are its children (they
+// cannot have inherited the device through it).
+func (t *Taker) recordOwnersDescent(s *Snapshot, mem *Lineage) {
+	if mem == nil {
+		return
+	}
+	for _, g := range s.GPUs {
+		if !g.Accountable() {
+			continue
+		}
+		var dev proc.Device
+		devKnown := false
+		for _, o := range g.Owners {
+			if !o.Alive || o.Process == nil || o.Unverified {
+				continue
+			}
+			if !devKnown {
+				d, err := t.cfg.Driver.DeviceNode(g.Device.Minor)
+				if err != nil {
+					break
+				}
+				dev, devKnown = d, true
+			}
+			owner := procKey{int(o.PID), o.Process.StartTime}
+			t.recordDescent(g.Device.UUID, owner, owner.pid, dev, mem)
+		}
+	}
+}
+
+// maxDescentWalk bounds one walk of a process tree.
+const maxDescentWalk = 4096
+
+// recordDescent walks the descendants of root (the owner, or a proven
+// inheritor of it) and records those that hold dev as descending from
+// owner.
+func (t *Taker) recordDescent(uuid string, owner procKey, root int, dev proc.Device, mem *Lineage) {
+	queue := []int{root}
+	for n := 0; len(queue) > 0 && n < maxDescentWalk; n++ {
+		pid := queue[0]
+		queue = queue[1:]
+		kids, err := t.cfg.Proc.Children(pid)
+		if err != nil {
+			continue
+		}
+		for _, kid := range kids {
+			st, err := t.cfg.Proc.ReadStat(kid)
+			if err != nil {
+				continue
+			}
+			k := procKey{kid, st.StartTime}
+			switch {
+			case mem.descends(uuid, owner, k):
+			case mem.wasChecked(uuid, k):
+				continue
+			default:
+				_, holds, err := t.cfg.Proc.HoldingOf(kid, dev)
+				if err != nil {
+					continue // gone, or unreadable: nothing proven
+				}
+				mem.recordDescent(uuid, owner, k, holds)
+				if !holds {
+					continue
+				}
+			}
+			queue = append(queue, kid)
+		}
+	}
 }
 
 func boolInt(b bool) int {
@@ -225,8 +346,8 @@ func boolInt(b bool) int {
 var ErrScanIncomplete = errors.New("the descriptors of some processes could not be read (run as root, or with CAP_SYS_PTRACE)")
 
 // scanHolders finds the holders of every GPU that needs it, in one pass
-// over /proc/*/fd. It reports whether a scan ran.
-func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
+// over /proc/*/fd, and judges them. It reports whether a scan ran.
+func (t *Taker) scanHolders(s *Snapshot, force bool, mem *Lineage) (bool, error) {
 	want := map[proc.Device][]int{} // device -> indexes into s.GPUs
 	for i, g := range s.GPUs {
 		if !g.Accountable() {
@@ -262,24 +383,29 @@ func (t *Taker) scanHolders(s *Snapshot, force bool) (bool, error) {
 	}
 	jobs := t.liveJobs(s)
 	parents := map[int]proc.Stat{}
+	ancestors := t.liveAncestors(jobs, parents)
 	for dev, idxs := range want {
 		holdings := slices.DeleteFunc(slices.Clone(scan.Holders[dev]), func(h proc.Holding) bool {
 			return slices.Contains(t.cfg.ExcludePIDs, h.PID)
 		})
 		pids := make([]int, 0, len(holdings))
+		raw := map[int]proc.Holding{}
 		var holders []Holding
 		for _, h := range holdings {
 			pids = append(pids, h.PID)
-			if hd, ok := t.holding(h, jobs, parents); ok {
+			if hd, ok := t.holding(h, jobs, ancestors, parents); ok {
 				holders = append(holders, hd)
+				raw[h.PID] = h
 			}
 		}
+		t.linkSharedFiles(holders, raw, jobs)
 		for _, i := range idxs {
 			g := &s.GPUs[i]
 			g.Scanned = true
 			g.HolderPIDs = pids
 			g.Holders = holders
-			g.Suspects = suspects(*g, holders, t.orphaned)
+			g.Suspects = t.suspects(*g, holders, raw, mem)
+			t.recordInheritorsDescent(*g, dev, mem)
 		}
 	}
 	if s.FDScanDenied > 0 {
@@ -311,73 +437,275 @@ func (t *Taker) liveJobs(s *Snapshot) map[procKey][]string {
 	return jobs
 }
 
+// jobOf is a live owner and one GPU where it owns memory.
+type jobOf struct {
+	owner int
+	gpu   string
+}
+
+// maxAncestry bounds a walk up the process tree.
+const maxAncestry = 64
+
+// parentOf reads the stat line of pid through the scan's cache.
+func (t *Taker) parentOf(pid int, parents map[int]proc.Stat) (proc.Stat, bool) {
+	if st, ok := parents[pid]; ok {
+		return st, true
+	}
+	st, err := t.cfg.Proc.ReadStat(pid)
+	if err != nil {
+		return proc.Stat{}, false
+	}
+	parents[pid] = st
+	return st, true
+}
+
+// liveAncestors maps every ancestor of a live owner (a launcher, a job
+// script, MPS control) to the owners' jobs it is part of.
+func (t *Taker) liveAncestors(jobs map[procKey][]string, parents map[int]proc.Stat) map[procKey][]jobOf {
+	out := map[procKey][]jobOf{}
+	for owner, gpus := range jobs {
+		st, ok := t.parentOf(owner.pid, parents)
+		if !ok {
+			continue
+		}
+		ppid := st.PPID
+		for range maxAncestry {
+			if ppid <= 1 {
+				break
+			}
+			pst, ok := t.parentOf(ppid, parents)
+			if !ok {
+				break
+			}
+			k := procKey{ppid, pst.StartTime}
+			for _, uuid := range gpus {
+				out[k] = append(out[k], jobOf{owner.pid, uuid})
+			}
+			ppid = pst.PPID
+		}
+	}
+	return out
+}
+
 // holding reads who a holder is, whether it maps the device, and which live
-// jobs it belongs to. ok is false when it is not alive. parents caches the
-// ancestors' stat lines over one scan: holders share their ancestors.
-func (t *Taker) holding(h proc.Holding, jobs map[procKey][]string, parents map[int]proc.Stat) (Holding, bool) {
+// jobs it belongs to through the process tree. ok is false when it is not
+// alive. parents caches the stat lines over one scan: holders share their
+// ancestors.
+func (t *Taker) holding(h proc.Holding, jobs map[procKey][]string, ancestors map[procKey][]jobOf, parents map[int]proc.Stat) (Holding, bool) {
 	p, ok := t.cfg.Proc.Alive(h.PID)
 	if !ok {
 		return Holding{}, false
 	}
 	mapped, err := t.cfg.Proc.Maps(h)
 	hd := Holding{Process: p, Mapped: err == nil && mapped}
+	self := procKey{h.PID, p.StartTime}
+	// A launcher that started a live owner is part of its job.
+	for _, j := range ancestors[self] {
+		hd.link(j.owner, j.gpu, JobAncestor)
+	}
 	// A worker belongs to a live job through its ancestry, on any GPU: the
 	// process itself, its parent, and so on up to init; each one by PID
 	// and start time, so that a reused PID is nobody's ancestor.
-	k, ppid := procKey{h.PID, p.StartTime}, p.PPID
-	for range 64 { // a bounded walk up the process tree
+	k, ppid := self, p.PPID
+	for range maxAncestry {
+		how := JobDescendant
+		if k == self {
+			how = JobSelf
+		}
 		for _, uuid := range jobs[k] {
-			if !slices.Contains(hd.LiveJobGPUs, uuid) {
-				hd.LiveJobGPUs = append(hd.LiveJobGPUs, uuid)
-			}
+			hd.link(k.pid, uuid, how)
 		}
 		if ppid <= 1 {
 			break
 		}
-		st, ok := parents[ppid]
+		st, ok := t.parentOf(ppid, parents)
 		if !ok {
-			if st, err = t.cfg.Proc.ReadStat(ppid); err != nil {
-				break
-			}
-			parents[ppid] = st
+			break
 		}
 		k, ppid = procKey{ppid, st.StartTime}, st.PPID
 	}
 	return hd, true
 }
 
-// suspects applies the two rules of a suspect holder.
-//
-//   - inherited_from_dead_owner: NVML lists a dead PID on the GPU, and a live
-//     holder that NVML does not list maps the device node and belongs to no
-//     live job on any GPU. A CUDA context maps the node and forked children
-//     inherit the mapping, whereas NVML-only tools (nvidia-smi, DCGM, this
-//     exporter) only keep it open (measured on the H200: fuser shows F...m
-//     for the children, F.... for the exporter).
-//   - orphaned: a live listed owner whose session leader died.
-func suspects(g GPU, holders []Holding, orphaned func(proc.Process) bool) []Holder {
-	var out []Holder
-	listed := map[int]Owner{}
-	for _, o := range g.Owners {
-		listed[int(o.PID)] = o
-	}
-	deadListed := g.DeadOwnerListed()
+// linkSharedFiles ties to a live job each mapping holder that shares an
+// open file of the device with a live owner (kcmp): it holds that owner's
+// own context, as a double-forked helper reparented to init does.
+func (t *Taker) linkSharedFiles(holders []Holding, raw map[int]proc.Holding, jobs map[procKey][]string) {
+	var owners []Holding
 	for _, h := range holders {
-		if o, ok := listed[h.PID]; ok && o.Alive {
-			continue // listed owners are judged below
+		if len(jobs[procKey{h.PID, h.StartTime}]) > 0 {
+			owners = append(owners, h)
 		}
-		if deadListed && h.Mapped && len(h.LiveJobGPUs) == 0 {
-			out = append(out, Holder{Process: h.Process, Reason: ReasonInheritedFromDeadOwner})
+	}
+	for i := range holders {
+		h := &holders[i]
+		if !h.Mapped || len(h.LiveJobGPUs) > 0 {
+			continue
 		}
+		for _, o := range owners {
+			if !t.sharesFile(raw[h.PID], raw[o.PID]) {
+				continue
+			}
+			for _, uuid := range jobs[procKey{o.PID, o.StartTime}] {
+				h.link(o.PID, uuid, JobSharesFile)
+			}
+		}
+	}
+}
+
+// sharesFile is proc.FS.SharesFile; when the kernel cannot compare open
+// files it says so once and reports no sharing: the rules that need no
+// kcmp still hold, and a holder not proven an inheritor is not signalled.
+func (t *Taker) sharesFile(a, b proc.Holding) bool {
+	same, err := t.cfg.Proc.SharesFile(a, b)
+	if errors.Is(err, proc.ErrKcmpUnavailable) {
+		t.mu.Lock()
+		first := !t.kcmpWarned
+		t.kcmpWarned = true
+		t.mu.Unlock()
+		if first {
+			t.cfg.Logger.Warn("Cannot compare open files: a helper sharing a live owner's context, or a dead owner's inheritor's, is not recognised by it", "err", err)
+		}
+	}
+	return err == nil && same
+}
+
+// suspects judges the holders of one GPU.
+//
+//   - inherited_from_dead_owner: a holder that NVML does not list, maps the
+//     device node (a CUDA context does; NVML-only readers only keep it
+//     open), belongs to no live job on any GPU, and is proven to have
+//     inherited a dead listed owner's context (prove).
+//   - unexplained_holder: such a holder without proof, on a GPU that has
+//     a dead owner or memory that the live contexts do not explain.
+//   - orphaned: a live listed owner whose session leader died.
+func (t *Taker) suspects(g GPU, holders []Holding, raw map[int]proc.Holding, mem *Lineage) []Holder {
+	var dead []Owner
+	live := map[int]bool{}
+	for _, o := range g.Owners {
+		if o.Alive {
+			live[int(o.PID)] = true
+		} else {
+			dead = append(dead, o)
+		}
+	}
+	problem := len(dead) > 0 || g.UnexplainedBytes > t.cfg.ScanUnownedBytes
+	var proven, unproven []Holder
+	for _, h := range holders {
+		if live[h.PID] || !h.Mapped || len(h.LiveJobGPUs) > 0 {
+			continue
+		}
+		hd := t.prove(g.Device.UUID, h, dead, mem)
+		if hd.Reason == ReasonInheritedFromDeadOwner {
+			proven = append(proven, hd)
+		} else {
+			unproven = append(unproven, hd)
+		}
+	}
+	// A holder that shares an open file of the device with a proven
+	// inheritor holds the same dead context (passed on by fork or
+	// SCM_RIGHTS after the walks that recorded descent).
+	for grew := true; grew; {
+		grew = false
+		for i := 0; i < len(unproven); i++ {
+			u := unproven[i]
+			for _, p := range proven {
+				o, _ := g.Owner(p.DeadOwner)
+				if o.Identity != nil && u.StartTime < o.Identity.StartTime {
+					continue
+				}
+				if t.sharesFile(raw[u.PID], raw[p.PID]) {
+					u.Reason, u.DeadOwner, u.Proof = ReasonInheritedFromDeadOwner, p.DeadOwner, ProofSharesFile
+					proven = append(proven, u)
+					unproven = slices.Delete(unproven, i, i+1)
+					i--
+					grew = true
+					break
+				}
+			}
+		}
+	}
+	out := proven
+	if problem {
+		out = append(out, unproven...)
 	}
 	// A listed owner that is orphaned counts even if the scan missed it.
 	for _, o := range g.Owners {
-		if o.Alive && orphaned(*o.Process) {
+		if o.Alive && t.orphaned(*o.Process) {
 			out = append(out, Holder{Process: *o.Process, Reason: ReasonOrphaned, Listed: true, UsedBytes: o.UsedBytes})
 		}
 	}
 	slices.SortFunc(out, func(a, b Holder) int { return a.PID - b.PID })
 	return out
+}
+
+// prove looks for what the kernel recorded that ties h to one of the dead
+// owners: it started after the owner, and either a Loop saw it descend
+// from the owner while the owner lived, or it is in the process group or
+// session that the owner led. A group or session ID is not given to a new
+// process while any member has it, so while the dead owner's PID is not
+// reused, membership means it was made under the owner.
+func (t *Taker) prove(uuid string, h Holding, dead []Owner, mem *Lineage) Holder {
+	hd := Holder{Process: h.Process, Reason: ReasonUnexplained, Proof: NoProof}
+	self := procKey{h.PID, h.StartTime}
+	before := 0
+	for _, o := range dead {
+		pid, id := int(o.PID), o.Identity
+		if id != nil && h.StartTime < id.StartTime {
+			before++
+			continue
+		}
+		proof := ""
+		switch {
+		case mem.descends(uuid, deadOwnerKey(o), self):
+			proof = ProofDescent
+		case o.ReusedBy != nil:
+			// The PID is someone else's now: its group is not the owner's.
+		case h.PGID == pid && (id == nil || id.PGID == pid):
+			proof = ProofProcessGroup
+		case h.SID == pid && (id == nil || id.SID == pid):
+			proof = ProofSession
+		}
+		if proof != "" {
+			hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, proof
+			return hd
+		}
+	}
+	if len(dead) > 0 && before == len(dead) {
+		hd.Proof = NoProofStartedBefore
+	}
+	return hd
+}
+
+// deadOwnerKey names a dead owner for its descent records: by PID and start
+// time when a Loop saw it alive, by PID alone (start 0) when not, for
+// inheritors recorded after its death.
+func deadOwnerKey(o Owner) procKey {
+	if o.Identity != nil {
+		return procKey{int(o.PID), o.Identity.StartTime}
+	}
+	return procKey{int(o.PID), 0}
+}
+
+// recordInheritorsDescent records the children of proven inheritors that
+// hold the device as inheritors of the same dead owner: a worker that forks
+// a replacement when it is told to stop passes the context on.
+func (t *Taker) recordInheritorsDescent(g GPU, dev proc.Device, mem *Lineage) {
+	if mem == nil {
+		return
+	}
+	for _, h := range g.Suspects {
+		if h.Reason != ReasonInheritedFromDeadOwner {
+			continue
+		}
+		o, ok := g.Owner(h.DeadOwner)
+		if !ok {
+			continue
+		}
+		owner := deadOwnerKey(o)
+		mem.recordDescent(g.Device.UUID, owner, procKey{h.PID, h.StartTime}, true)
+		t.recordDescent(g.Device.UUID, owner, h.PID, dev, mem)
+	}
 }
 
 // orphanedOwner reports whether any live listed owner is orphaned; that

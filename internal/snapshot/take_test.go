@@ -61,21 +61,30 @@ type gpu0 struct {
 
 func newDriver(t *testing.T, g gpu0) testDriver {
 	t.Helper()
+	return newDriverFunc(t, func() gpu0 { return g })
+}
+
+// newDriverFunc is newDriver with GPU 0 reporting what get returns at each
+// read, for tests of what a Loop sees change.
+func newDriverFunc(t *testing.T, get func() gpu0) testDriver {
+	t.Helper()
 	s := dgxh200.New()
 	for i, nd := range s.Devices {
 		d := nd.(*server.Device)
-		used, procs, ret := uint64(0), []nvml.ProcessInfo(nil), nvml.SUCCESS
+		read := func() gpu0 { return gpu0{} }
 		if i == 0 {
-			used, procs, ret = g.usedMiB, g.procs, g.memRet
-			if g.migOn {
+			read = get
+			if get().migOn {
 				d.MigMode = nvml.DEVICE_MIG_ENABLE
 				d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 			}
 		}
 		d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+			g := read()
+			used, ret := g.usedMiB, g.memRet
 			return nvml.Memory_v2{Total: 143771 * mib, Reserved: 615 * mib, Used: used * mib, Free: (143771 - 615 - used) * mib}, ret
 		}
-		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS }
+		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return read().procs, nvml.SUCCESS }
 		d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 		d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	}
@@ -164,6 +173,68 @@ func deadPID(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return cmd.Process.Pid
+}
+
+// forkOrphan starts a creator (a shell, in a session of its own) that
+// holds dev and forks n workers that inherit and map it, then kills the
+// creator with SIGKILL: docs/facts.md's fork orphan. With zombie, the
+// creator exits on its own and is left unreaped. It returns the dead
+// creator's PID and the workers'.
+func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
+	t.Helper()
+	end := "wait"
+	if zombie {
+		end = "exit 0"
+	}
+	script := `exec 3<"$1"; for i in $(seq ` + strconv.Itoa(n) + `); do "$0" & done; ` + end
+	creator := exec.Command("sh", "-c", script, os.Args[0], dev)
+	creator.Env = testenv.MapperEnviron()
+	creator.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := creator.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := creator.Process.Pid
+	var workers []int
+	t.Cleanup(func() {
+		syscall.Kill(-pid, syscall.SIGKILL)
+		for _, w := range workers {
+			syscall.Kill(w, syscall.SIGKILL)
+		}
+		creator.Wait()
+	})
+	fs := procFS(t)
+	for deadline := time.Now().Add(5 * time.Second); len(workers) < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the creator's %d workers never started: %v", n, workers)
+		}
+		// In a session of its own, every process of the session is ours.
+		workers = workers[:0]
+		pids, _ := fs.PIDs()
+		for _, p := range pids {
+			if st, err := fs.Process(p); err == nil && st.SID == pid && p != pid {
+				workers = append(workers, p)
+			}
+		}
+	}
+	for _, w := range workers {
+		waitMapped(t, w, dev)
+	}
+	if zombie {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if p, err := fs.Process(pid); err == nil && p.Zombie() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the creator never became a zombie")
+			}
+		}
+		return pid, workers
+	}
+	if err := creator.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	creator.Wait()
+	return pid, workers
 }
 
 // zombiePID returns the PID of a child that has exited but is not reaped.
@@ -263,18 +334,21 @@ func TestAccountingFacts(t *testing.T) {
 				want{live: 6754, unattributed: 8, unowned: 8, suspects: map[int]string{}}
 		}},
 		{"fork, after SIGKILL of the creator: dead PID listed, child holds", func(t *testing.T, dev string) (gpu0, want) {
-			p := deadPID(t)
-			c := holder(t, dev, false).Process.Pid
-			bystander := holder(t, "", false).Process.Pid // holds nothing: never a suspect
-			_ = bystander
+			p, c := forkOrphan(t, dev, 1, false)
+			holder(t, "", false) // holds nothing: never a suspect
 			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
-				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner}}
+		}},
+		{"an unrelated mapper beside a dead owner is unexplained, not inherited", func(t *testing.T, dev string) (gpu0, want) {
+			p, c := forkOrphan(t, dev, 1, false)
+			stranger := holder(t, dev, true).Process.Pid // its own session: nothing ties it to p
+			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner, stranger: ReasonUnexplained}}
 		}},
 		{"a zombie creator counts as dead", func(t *testing.T, dev string) (gpu0, want) {
-			z := zombiePID(t)
-			c := holder(t, dev, false).Process.Pid
+			z, c := forkOrphan(t, dev, 1, true)
 			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(z, 6754)}},
-				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner}}
 		}},
 		{"spawned child with its own context, parent killed: orphaned", func(t *testing.T, dev string) (gpu0, want) {
 			s := orphanedPID(t, dev)
@@ -282,10 +356,10 @@ func TestAccountingFacts(t *testing.T) {
 				want{live: 2658, unattributed: 8, unowned: 8, scanned: true, suspects: map[int]string{s: ReasonOrphaned}}
 		}},
 		{"trainer with 4 forked workers, trainer killed", func(t *testing.T, dev string) (gpu0, want) {
-			trainer := deadPID(t)
+			trainer, workers := forkOrphan(t, dev, 4, false)
 			sus := map[int]string{}
-			for range 4 {
-				sus[holder(t, dev, false).Process.Pid] = ReasonInheritedFromDeadOwner
+			for _, w := range workers {
+				sus[w] = ReasonInheritedFromDeadOwner
 			}
 			return gpu0{usedMiB: 5740, procs: []nvml.ProcessInfo{listed(trainer, 5732)}},
 				want{dead: 5732, unattributed: 8, unowned: 5740, scanned: true, suspects: sus}
@@ -311,24 +385,21 @@ func TestAccountingFacts(t *testing.T) {
 					t.Fatal("the live owner's worker never started")
 				}
 			}
-			dead := deadPID(t)
-			c := holder(t, dev, true).Process.Pid
+			dead, c := forkOrphan(t, dev, 1, false)
 			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live.Process.Pid, 4000), listed(dead, 2340)}},
-				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner}}
 		}},
 		{"an NVML-only holder (descriptor, no mapping: nvidia-smi, DCGM) is never a suspect", func(t *testing.T, dev string) (gpu0, want) {
-			p := deadPID(t)
+			p, c := forkOrphan(t, dev, 1, false)
 			holderOf(t, true, dev, filepath.Join(filepath.Dir(dev), "nvidia-uvm")) // as the exporter holds them on the H200
-			c := holder(t, dev, false).Process.Pid
 			return gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(p, 6754)}},
-				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+				want{dead: 6754, unattributed: 8, unowned: 6762, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner}}
 		}},
 		{"live owner and dead owner on one GPU: the live one is no suspect", func(t *testing.T, dev string) (gpu0, want) {
 			live := holder(t, dev, true).Process.Pid
-			dead := deadPID(t)
-			c := holder(t, dev, false).Process.Pid
+			dead, c := forkOrphan(t, dev, 1, false)
 			return gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(live, 4000), listed(dead, 2340)}},
-				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c: ReasonInheritedFromDeadOwner}}
+				want{live: 4000, dead: 2340, unattributed: 14, unowned: 2354, scanned: true, suspects: map[int]string{c[0]: ReasonInheritedFromDeadOwner}}
 		}},
 	}
 	for _, tt := range tests {

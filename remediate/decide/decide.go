@@ -8,6 +8,7 @@ package decide
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
@@ -49,6 +50,14 @@ const (
 	// WhyNotMapped: it holds the device node open without mapping it, as
 	// NVML-only readers (nvidia-smi, DCGM, exporters) do.
 	WhyNotMapped remediate.ExclusionReason = "nvml_reader_not_mapped"
+	// WhyUnexplained: it maps the GPU, but nothing the kernel records
+	// proves that it inherited a dead owner's context (snapshot.
+	// ReasonUnexplained): look at it; it is never signalled for a dead
+	// owner.
+	WhyUnexplained remediate.ExclusionReason = "unexplained_holder"
+	// WhyDeadOwnerTooYoung: it inherited the context of an owner that has
+	// been dead for less than MinAge.
+	WhyDeadOwnerTooYoung remediate.ExclusionReason = "dead_owner_too_young"
 )
 
 // Target reasons that this package adds to the snapshot's suspect reasons.
@@ -59,14 +68,22 @@ const (
 	// ReasonDeviceHolder: under all-holders, a holder of the device node
 	// that is not a suspect (a live owner, for instance).
 	ReasonDeviceHolder remediate.TargetReason = "device_holder"
+	// ReasonInheritorOfTarget: under orphaned, a descendant of an orphaned
+	// owner that is a target, or a process sharing its open files: it
+	// holds the owner's context, which would outlive the owner.
+	ReasonInheritorOfTarget remediate.TargetReason = "inheritor_of_target"
 )
 
 // Config is what a decision needs besides the snapshot.
 type Config struct {
 	// Policy is one of remediate.Policies; empty means dead-owner.
 	Policy remediate.Policy
-	// MinAge is how long memory must have had no live owner
-	// (GPU.UnownedSince) before anything is done about it.
+	// MinAge is how long a dead owner must have been dead (Owner.DeadSince)
+	// before the holders of its context are signalled; an orphaned owner
+	// must have been orphaned as long (Holder.Since), and unattributed
+	// memory with no dead owner must have lasted as long (GPU.UnownedSince).
+	// Each orphan has its own clock: an old one does not make a new one
+	// old.
 	MinAge time.Duration
 	// MinBytes: memory with no live owner must exceed it. NVML charges about
 	// 8 MiB per live context to no process, so it must not be zero.
@@ -138,14 +155,16 @@ func (p Plan) SkipText() string {
 // now is the moment that ages are measured to. The plan targets suspects
 // only; WithGroups extends it to whole process groups.
 //
-// Every policy honours MinBytes and MinAge:
-//   - dead-owner and all-holders: memory with no live owner above MinBytes
-//     for at least MinAge.
-//   - orphaned: the same, or an orphaned owner that NVML charges more than
-//     MinBytes and that has been seen orphaned for at least MinAge. Its
-//     memory has a live owner, so UnownedBytes says nothing about it.
-//     Inherited suspects are still targeted only when the dead-owner
-//     problem holds.
+// No policy acts unless the GPU has an orphan: memory that dead owners own,
+// or unattributed memory beyond what the live contexts explain, above
+// MinBytes (GPU.UnexplainedBytes). Then:
+//   - dead-owner: the proven inheritors of each dead owner that has been
+//     dead for at least MinAge.
+//   - orphaned: those, and each orphaned owner that NVML charges more than
+//     MinBytes and that has been seen orphaned for at least MinAge, with
+//     its descendants that hold its context.
+//   - all-holders: every process that maps the GPU, once a dead owner (or
+//     the unexplained memory) is MinAge old.
 func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan {
 	cfg = cfg.withDefaults()
 	p := Plan{Policy: cfg.Policy}
@@ -185,38 +204,42 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan 
 		return skip(SkipUnknownPolicy, string(cfg.Policy))
 	}
 
-	var problem SkipReason
-	switch {
-	case g.UnownedBytes <= cfg.MinBytes:
-		problem = SkipBelowThreshold
-	case g.UnownedSince.IsZero() || now.Sub(g.UnownedSince) < cfg.MinAge:
-		problem = SkipTooYoung
+	if g.UnexplainedBytes <= cfg.MinBytes {
+		return skip(SkipBelowThreshold, belowDetail(g))
 	}
+	old := func(since time.Time) bool {
+		if since.IsZero() {
+			return cfg.MinAge <= 0 // never dated: old only if any age will do
+		}
+		return now.Sub(since) >= cfg.MinAge
+	}
+	ripeDead := map[int]bool{} // dead owners dead for MinAge
+	for _, o := range g.Owners {
+		if !o.Alive && old(o.DeadSince) {
+			ripeDead[int(o.PID)] = true
+		}
+	}
+	// Unattributed memory with no dead owner has only the GPU's clock.
+	problemRipe := len(ripeDead) > 0 || (!g.DeadOwnerListed() && old(g.UnownedSince))
 	ripe := map[int]bool{} // orphaned owners old and big enough
-	youngOrphan := false
 	if cfg.Policy == remediate.PolicyOrphaned {
 		for _, h := range g.Suspects {
 			switch {
-			case h.Reason != snapshot.ReasonOrphaned || h.UsedBytes <= cfg.MinBytes:
-			case h.Since.IsZero() || now.Sub(h.Since) < cfg.MinAge:
-				youngOrphan = true
+			case h.Reason != snapshot.ReasonOrphaned || h.UsedBytes <= cfg.MinBytes || !old(h.Since):
 			default:
 				ripe[h.PID] = true
 			}
 		}
 	}
-	if problem != "" && len(ripe) == 0 {
-		if youngOrphan {
-			problem = SkipTooYoung // worth another look later
-		}
-		return skip(problem, "")
+	if !problemRipe && len(ripe) == 0 {
+		return skip(SkipTooYoung, "") // worth another look later
 	}
 	if !g.Scanned {
 		return skip(SkipNotScanned, "")
 	}
 
 	w := newWorld(s)
-	cands := candidates(g, cfg.Policy, problem == "", ripe)
+	cands := candidates(g, cfg.Policy, ripeDead, problemRipe, ripe)
 	targeted := map[int]bool{}
 	excluded := map[int]bool{}
 	for _, c := range cands {
@@ -248,7 +271,10 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan 
 	}
 	if len(p.Targets) == 0 {
 		p.sort()
-		return skip(SkipNoTargets, "")
+		if slices.ContainsFunc(p.Excluded, func(e remediate.Exclusion) bool { return e.Why == WhyDeadOwnerTooYoung }) {
+			return skip(SkipTooYoung, "")
+		}
+		return skip(SkipNoTargets, unexplainedDetail(p.Excluded))
 	}
 	p.sort()
 	p.Act = true
@@ -263,19 +289,42 @@ type candidate struct {
 	why    remediate.ExclusionReason
 }
 
-// candidates lists, in order, who policy would target on g. deadOwner says
-// whether the dead-owner problem holds; ripe are the orphaned owners old
-// and big enough for the orphaned policy.
-func candidates(g snapshot.GPU, policy remediate.Policy, deadOwner bool, ripe map[int]bool) []candidate {
+// candidates lists, in order, who policy would target on g. ripeDead are
+// the dead owners dead for MinAge; problemRipe says whether the GPU's orphan
+// is old enough for all-holders; ripe are the orphaned owners old and big
+// enough for the orphaned policy.
+func candidates(g snapshot.GPU, policy remediate.Policy, ripeDead map[int]bool, problemRipe bool, ripe map[int]bool) []candidate {
 	var out []candidate
 	for _, h := range g.Suspects {
+		c := candidate{Process: h.Process, reason: remediate.TargetReason(h.Reason)}
 		switch {
-		case h.Reason == snapshot.ReasonInheritedFromDeadOwner && deadOwner && g.DeadOwnerListed(),
-			h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned && ripe[h.PID]:
-			out = append(out, candidate{Process: h.Process, reason: remediate.TargetReason(h.Reason)})
+		case h.Reason == snapshot.ReasonInheritedFromDeadOwner:
+			if !ripeDead[h.DeadOwner] {
+				c.why = WhyDeadOwnerTooYoung
+			}
+		case h.Reason == snapshot.ReasonUnexplained && policy != remediate.PolicyAllHolders:
+			c.why = WhyUnexplained
+		case h.Reason == snapshot.ReasonOrphaned && policy == remediate.PolicyOrphaned && ripe[h.PID]:
+		default:
+			continue
+		}
+		out = append(out, c)
+	}
+	if policy == remediate.PolicyOrphaned && len(ripe) > 0 {
+		// An orphaned owner's forked workers hold its context: killing the
+		// owner alone leaves the memory held.
+		for _, h := range g.Holders {
+			if slices.ContainsFunc(out, func(c candidate) bool { return c.PID == h.PID }) {
+				continue
+			}
+			if slices.ContainsFunc(h.LiveJobs, func(l snapshot.JobLink) bool {
+				return ripe[l.OwnerPID] && l.GPU == g.Device.UUID && (l.How == snapshot.JobDescendant || l.How == snapshot.JobSharesFile)
+			}) {
+				out = append(out, candidate{Process: h.Process, reason: ReasonInheritorOfTarget})
+			}
 		}
 	}
-	if policy != remediate.PolicyAllHolders || !deadOwner {
+	if policy != remediate.PolicyAllHolders || !problemRipe {
 		return out
 	}
 	// all-holders: every process that maps this GPU's device node, unless
@@ -294,6 +343,36 @@ func candidates(g snapshot.GPU, policy remediate.Policy, deadOwner bool, ripe ma
 		out = append(out, c)
 	}
 	return out
+}
+
+// belowDetail says why memory with no live owner is not an orphan.
+func belowDetail(g snapshot.GPU) string {
+	if g.DeadOwnerListed() || g.UnownedBytes == 0 {
+		return ""
+	}
+	live := 0
+	for _, o := range g.Owners {
+		if o.Alive {
+			live++
+		}
+	}
+	return fmt.Sprintf("no dead owner; the %d MiB with no owner is what %d live contexts explain (%d MiB each)",
+		g.UnownedBytes>>20, live, snapshot.ContextOverheadBytes>>20)
+}
+
+// unexplainedDetail names the holders left alone for lack of proof.
+func unexplainedDetail(excluded []remediate.Exclusion) string {
+	var pids []string
+	for _, e := range excluded {
+		if e.Why == WhyUnexplained {
+			pids = append(pids, fmt.Sprintf("%d (%s)", e.PID, e.Comm))
+		}
+	}
+	if len(pids) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("nothing proves that %s inherited a dead owner's context; look at them with gpu-orphan ps",
+		strings.Join(pids, ", "))
 }
 
 // ownsByPolicy reports whether the policy targets a process by name even

@@ -38,8 +38,18 @@ func pr(pid, ppid, pgid int, comm string) proc.Process {
 
 func ptr(p proc.Process) *proc.Process { return &p }
 
+// inherited is a proven inheritor of dead owner 100's context.
 func inherited(p proc.Process) snapshot.Holder {
-	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner}
+	return inheritedFrom(100, p)
+}
+
+func inheritedFrom(owner int, p proc.Process) snapshot.Holder {
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: owner, Proof: snapshot.ProofDescent}
+}
+
+// unexplained maps the GPU without proof of inheritance.
+func unexplained(p proc.Process) snapshot.Holder {
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonUnexplained, Proof: snapshot.NoProof}
 }
 
 // orphaned is an orphaned owner of 2658 MiB, seen orphaned for ten minutes.
@@ -47,8 +57,9 @@ func orphaned(p proc.Process) snapshot.Holder {
 	return snapshot.Holder{Process: p, Reason: snapshot.ReasonOrphaned, Listed: true, UsedBytes: 2658 * mib, Since: now.Add(-10 * time.Minute)}
 }
 
+// dead is a dead owner, dead for ten minutes.
 func dead(pid uint32, bytes uint64) snapshot.Owner {
-	return snapshot.Owner{PID: pid, UsedBytes: bytes}
+	return snapshot.Owner{PID: pid, UsedBytes: bytes, DeadSince: now.Add(-10 * time.Minute)}
 }
 
 func live(p proc.Process, bytes uint64) snapshot.Owner {
@@ -75,6 +86,13 @@ func gpuAcct(index int, owners []snapshot.Owner, holders []int, suspects ...snap
 		g.Memory.Used += o.UsedBytes + 8*mib
 	}
 	g.UnownedBytes = g.Memory.Used - g.OwnedLiveBytes
+	// Each context's 8 MiB is unattributed; the live ones explain theirs.
+	g.UnexplainedBytes = g.OwnedDeadBytes
+	for _, o := range owners {
+		if !o.Alive {
+			g.UnexplainedBytes += 8 * mib
+		}
+	}
 	if g.UnownedBytes <= 256*mib {
 		g.UnownedSince = time.Time{}
 	}
@@ -333,7 +351,7 @@ func TestDecide(t *testing.T) {
 			name: "too young",
 			snap: func() *snapshot.Snapshot {
 				g := forkOrphan()
-				g.UnownedSince = now.Add(-10 * time.Second)
+				g.Owners[0].DeadSince = now.Add(-10 * time.Second)
 				return snap(g)
 			}(),
 			gpu:      "0",
@@ -341,15 +359,69 @@ func TestDecide(t *testing.T) {
 			wantSkip: SkipTooYoung,
 		},
 		{
-			name: "no age clock yet is too young",
+			name: "a dead owner never dated is too young for any min-age",
 			snap: func() *snapshot.Snapshot {
 				g := forkOrphan()
-				g.UnownedSince = time.Time{}
+				g.Owners[0].DeadSince = time.Time{}
 				return snap(g)
 			}(),
 			gpu:      "0",
-			cfg:      Config{MinBytes: 256 * mib, Self: self},
+			cfg:      baseConfig(remediate.PolicyDeadOwner),
 			wantSkip: SkipTooYoung,
+		},
+		{
+			// Finding 7 of issue 15: an old orphan that a protected process
+			// holds does not make a new one old.
+			name: "each dead owner has its own clock",
+			snap: func() *snapshot.Snapshot {
+				young := dead(150, 4096*mib)
+				young.DeadSince = now.Add(-300 * time.Millisecond)
+				return snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib), young}, []int{201, 205},
+					inherited(worker1), inheritedFrom(150, pr(205, 1, 150, "pt_data_worker"))))
+			}(),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]remediate.ExclusionReason{205: WhyDeadOwnerTooYoung},
+		},
+		{
+			// Findings 1, 2 and 5 of issue 15: mapping the GPU is no proof.
+			name: "an unexplained holder is shown, never signalled",
+			snap: snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{201, 204},
+				inherited(worker1), unexplained(stranger))),
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
+			wantExcluded: map[int]remediate.ExclusionReason{204: WhyUnexplained},
+		},
+		{
+			name:           "only unexplained holders: no targets, and the plan says whom to look at",
+			snap:           snap(gpuAcct(0, []snapshot.Owner{dead(100, 6754*mib)}, []int{204}, unexplained(stranger))),
+			gpu:            "0",
+			cfg:            baseConfig(remediate.PolicyDeadOwner),
+			wantSkip:       SkipNoTargets,
+			wantSkipDetail: "nothing proves that 204 (python3) inherited",
+			wantExcluded:   map[int]remediate.ExclusionReason{204: WhyUnexplained},
+		},
+		{
+			// Finding 4 of issue 15: 40 healthy contexts leave 320 MiB
+			// charged to no process; that is no orphan.
+			name: "all-holders: no dead owner, unattributed memory that live contexts explain",
+			snap: func() *snapshot.Snapshot {
+				var owners []snapshot.Owner
+				var holders []int
+				for i := range 40 {
+					p := pr(500+i, 1, 500+i, "python3")
+					cast[p.PID] = p
+					owners = append(owners, live(p, 1024*mib))
+					holders = append(holders, p.PID)
+				}
+				return snap(gpuAcct(0, owners, holders))
+			}(),
+			gpu:            "0",
+			cfg:            baseConfig(remediate.PolicyAllHolders),
+			wantSkip:       SkipBelowThreshold,
+			wantSkipDetail: "what 40 live contexts explain",
 		},
 		{
 			name: "below threshold: only the per-context slack is unowned",
@@ -436,13 +508,15 @@ func TestDecide(t *testing.T) {
 		{
 			name: "unowned memory but no dead owner listed: nothing for dead-owner",
 			snap: func() *snapshot.Snapshot {
-				g := gpuAcct(0, nil, []int{201})
+				g := gpuAcct(0, nil, []int{204}, unexplained(stranger))
 				g.Memory.Used, g.UnownedBytes, g.UnownedSince = 4096*mib, 4096*mib, now.Add(-time.Hour)
+				g.UnexplainedBytes = 4096 * mib
 				return snap(g)
 			}(),
-			gpu:      "0",
-			cfg:      baseConfig(remediate.PolicyDeadOwner),
-			wantSkip: SkipNoTargets,
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyDeadOwner),
+			wantSkip:     SkipNoTargets,
+			wantExcluded: map[int]remediate.ExclusionReason{204: WhyUnexplained},
 		},
 		{
 			name: "dead-owner leaves an orphaned owner alone",
@@ -453,8 +527,17 @@ func TestDecide(t *testing.T) {
 			wantSkip: SkipBelowThreshold,
 		},
 		{
+			// Finding 6 of issue 15.
+			name:     "orphaned policy: an orphaned owner on a GPU with no orphan is left alone",
+			snap:     snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
+			gpu:      "0",
+			cfg:      baseConfig(remediate.PolicyOrphaned),
+			groups:   listed(map[int][]proc.Process{390: {spawned, spawnAux}}),
+			wantSkip: SkipBelowThreshold,
+		},
+		{
 			name:   "orphaned policy picks the orphaned owner and its group",
-			snap:   snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
+			snap:   snap(gpuAcct(0, []snapshot.Owner{dead(150, 1024*mib), live(spawned, 2658*mib)}, []int{400}, orphaned(spawned))),
 			gpu:    "0",
 			cfg:    baseConfig(remediate.PolicyOrphaned),
 			groups: listed(map[int][]proc.Process{390: {spawned, spawnAux}}),
@@ -484,7 +567,7 @@ func TestDecide(t *testing.T) {
 			snap: func() *snapshot.Snapshot {
 				p := spawned
 				p.Comm = "Xorg"
-				return snap(gpuAcct(0, []snapshot.Owner{live(p, 2658*mib)}, []int{400}, orphaned(p)))
+				return snap(gpuAcct(0, []snapshot.Owner{dead(150, 1024*mib), live(p, 2658*mib)}, []int{400}, orphaned(p)))
 			}(),
 			gpu:          "0",
 			cfg:          baseConfig(remediate.PolicyOrphaned),
@@ -542,7 +625,9 @@ func TestDecide(t *testing.T) {
 			snap: func() *snapshot.Snapshot {
 				h := orphaned(spawned)
 				h.Since = now.Add(-2 * time.Second) // a nohup job two seconds old
-				return snap(gpuAcct(0, []snapshot.Owner{live(spawned, 2658*mib)}, []int{400}, h))
+				young := dead(150, 1024*mib)
+				young.DeadSince = now.Add(-2 * time.Second)
+				return snap(gpuAcct(0, []snapshot.Owner{young, live(spawned, 2658*mib)}, []int{400}, h))
 			}(),
 			gpu:      "0",
 			cfg:      baseConfig(remediate.PolicyOrphaned),
@@ -550,15 +635,41 @@ func TestDecide(t *testing.T) {
 			wantSkip: SkipTooYoung,
 		},
 		{
+			// Finding 9 of issue 15: killing an orphaned owner alone leaves
+			// its forked workers holding its context.
+			name: "orphaned policy: the orphaned owner's workers go with it",
+			snap: func() *snapshot.Snapshot {
+				g := gpuAcct(0, []snapshot.Owner{dead(150, 1024*mib), live(spawned, 2658*mib)}, []int{400, 402, 300}, orphaned(spawned))
+				for i := range g.Holders {
+					switch g.Holders[i].PID {
+					case 402: // forked by the orphaned owner after CUDA init
+						g.Holders[i].LiveJobGPUs = []string{"GPU-a"}
+						g.Holders[i].LiveJobs = []snapshot.JobLink{{OwnerPID: 400, GPU: "GPU-a", How: snapshot.JobDescendant}}
+					case 300: // a launcher of the orphaned owner is not its inheritor
+						g.Holders[i].LiveJobGPUs = []string{"GPU-a"}
+						g.Holders[i].LiveJobs = []snapshot.JobLink{{OwnerPID: 400, GPU: "GPU-a", How: snapshot.JobAncestor}}
+					}
+				}
+				return snap(g)
+			}(),
+			gpu: "0",
+			cfg: baseConfig(remediate.PolicyOrphaned),
+			wantTargets: map[int]remediate.TargetReason{
+				400: remediate.ReasonOrphaned,
+				402: ReasonInheritorOfTarget,
+			},
+		},
+		{
 			name: "orphaned policy: an orphan charged no more than min-bytes is below threshold",
 			snap: func() *snapshot.Snapshot {
 				h := orphaned(spawned)
 				h.UsedBytes = 100 * mib
-				return snap(gpuAcct(0, []snapshot.Owner{live(spawned, 100*mib)}, []int{400}, h))
+				return snap(gpuAcct(0, []snapshot.Owner{dead(150, 1024*mib), live(spawned, 100*mib)}, []int{400}, h))
 			}(),
-			gpu:      "0",
-			cfg:      baseConfig(remediate.PolicyOrphaned),
-			wantSkip: SkipBelowThreshold,
+			gpu:          "0",
+			cfg:          baseConfig(remediate.PolicyOrphaned),
+			wantSkip:     SkipNoTargets,
+			wantExcluded: map[int]remediate.ExclusionReason{400: WhyOwnsLiveMemory},
 		},
 		{
 			name: "a group whose leader is alive and not a target is not killed whole",

@@ -1,0 +1,294 @@
+package snapshot
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+)
+
+// The proof rules of issue 15, each with real processes: a holder is an
+// inheritor of a dead owner only when the kernel's records prove it.
+
+// switchable is GPU 0 of a mock driver whose report the test changes.
+type switchable struct {
+	mu sync.Mutex
+	g  gpu0
+}
+
+func (s *switchable) get() gpu0 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.g
+}
+
+func (s *switchable) set(g gpu0) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.g = g
+}
+
+func newLoop(t *testing.T, d testDriver) *Loop {
+	t.Helper()
+	taker := NewTaker(Config{Driver: d, Proc: procFS(t), ScanUnownedBytes: 256 * mib, ExcludePIDs: []int{os.Getpid()}})
+	return NewLoop(taker, time.Hour, 256*mib)
+}
+
+func suspectOf(g GPU, pid int) (Holder, bool) {
+	for _, h := range g.Suspects {
+		if h.PID == pid {
+			return h, true
+		}
+	}
+	return Holder{}, false
+}
+
+// sessionOf lists the processes of session sid but its leader.
+func sessionOf(t *testing.T, sid int) map[int]int {
+	t.Helper()
+	fs := procFS(t)
+	out := map[int]int{} // pid -> ppid
+	pids, _ := fs.PIDs()
+	for _, p := range pids {
+		if pr, err := fs.Process(p); err == nil && pr.SID == sid && p != sid && !pr.Zombie() {
+			out[p] = pr.PPID
+		}
+	}
+	return out
+}
+
+// TestProofDescentRecorded: a trainer that leads neither its group nor its
+// session (a job script does) forks a worker and dies. Only a Loop that saw
+// the worker descend from the trainer while it lived can prove that the
+// worker holds its context; a snapshot taken after the death cannot, and
+// calls the worker unexplained: a missed orphan, never a wrong kill.
+func TestProofDescentRecorded(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	// The script leads the session and group; the trainer is its child.
+	script := exec.Command("sh", "-c", `sh -c 'exec 3<"$1"; "$0" & wait' "$0" "$1" & wait`, os.Args[0], dev)
+	script.Env = testenv.MapperEnviron()
+	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-script.Process.Pid, syscall.SIGKILL); script.Wait() })
+	var trainer, worker int
+	testenv.Eventually(t, 5*time.Second, "the trainer and its worker", func() bool {
+		for pid, ppid := range sessionOf(t, script.Process.Pid) {
+			if ppid == script.Process.Pid {
+				trainer = pid
+			}
+		}
+		for pid, ppid := range sessionOf(t, script.Process.Pid) {
+			if trainer != 0 && ppid == trainer {
+				worker = pid
+			}
+		}
+		return worker != 0
+	})
+	waitMapped(t, worker, dev)
+
+	loop := newLoop(t, d)
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
+	s := loop.Refresh(context.Background(), false)
+	if !s.GPUs[0].Owners[0].Alive {
+		t.Fatalf("the trainer %d is not a live owner: %+v", trainer, s.GPUs[0].Owners)
+	}
+	if n := loop.Lineage().RecordedDescendants(); n != 1 {
+		t.Errorf("recorded descendants = %d, want the worker", n)
+	}
+
+	syscall.Kill(trainer, syscall.SIGKILL)
+	testenv.Eventually(t, 5*time.Second, "the trainer to be reaped", func() bool { return !testenv.Alive(trainer) })
+	s = loop.Refresh(context.Background(), false)
+	h, ok := suspectOf(s.GPUs[0], worker)
+	if !ok || h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofDescent || h.DeadOwner != trainer {
+		t.Errorf("with the recorded descent: worker %d is %+v, want inherited from %d by %s", worker, h, trainer, ProofDescent)
+	}
+	if o := s.GPUs[0].Owners[0]; o.Identity == nil || o.Identity.StartTime == 0 || o.DeadSince.IsZero() {
+		t.Errorf("the dead owner is not remembered and dated: %+v", o)
+	}
+
+	// Without the Loop's memory: the group and session are the live
+	// script's, and nothing else ties the worker to the trainer.
+	alone := take(t, d)
+	if h, _ := suspectOf(alone.GPUs[0], worker); h.Reason != ReasonUnexplained || h.Proof != NoProof {
+		t.Errorf("without the recorded descent: worker %d is %+v, want unexplained", worker, h)
+	}
+}
+
+// TestProofStartedBefore: a daemon that maps the GPU and started before the
+// owner that died (MPS control, a monitoring agent) cannot have inherited
+// from it.
+func TestProofStartedBefore(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	daemon := holder(t, dev, true).Process.Pid
+	time.Sleep(20 * time.Millisecond) // start times are in clock ticks (10 ms)
+	owner := holder(t, dev, true)
+	loop := newLoop(t, d)
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(owner.Process.Pid, 4706)}})
+	loop.Refresh(context.Background(), false)
+	owner.Process.Kill()
+	owner.Wait()
+	s := loop.Refresh(context.Background(), false)
+	h, ok := suspectOf(s.GPUs[0], daemon)
+	if !ok || h.Reason != ReasonUnexplained || h.Proof != NoProofStartedBefore {
+		t.Errorf("daemon %d: %+v, want unexplained, %s", daemon, h, NoProofStartedBefore)
+	}
+}
+
+// TestLiveHelperSharesFile: in one job script's session and group, a
+// trainer D forks a worker W, and starts a second trainer L with a context
+// of its own, whose double-forked helper H (reparented to init) holds L's
+// open file. D dies. W inherited D's context (D's group). H is in D's group
+// too, but it shares L's open file (kcmp): it holds L's live context and is
+// never a suspect.
+func TestLiveHelperSharesFile(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	inner := `exec 3<"$1"; ( "$0" & ); exec sleep 300`
+	script := exec.Command("sh", "-c", `exec 3<"$1"; "$0" & sh -c '`+inner+`' "$0" "$1" & wait`, os.Args[0], dev)
+	script.Env = testenv.MapperEnviron()
+	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dead := script.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-dead, syscall.SIGKILL); script.Wait() })
+	var worker, live, helper int
+	testenv.Eventually(t, 5*time.Second, "the worker, the second trainer and its helper", func() bool {
+		worker, live, helper = 0, 0, 0
+		for pid, ppid := range sessionOf(t, dead) {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+			switch comm := strings.TrimSpace(string(b)); {
+			case comm == "sleep":
+				live = pid
+			case ppid == dead && comm != "sh":
+				worker = pid
+			case ppid != dead:
+				helper = pid
+			}
+		}
+		return worker != 0 && live != 0 && helper != 0
+	})
+	waitMapped(t, worker, dev)
+	waitMapped(t, helper, dev)
+	script.Process.Signal(syscall.SIGKILL)
+	script.Wait()
+
+	nv.set(gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(dead, 4000), listed(live, 2340)}})
+	s := take(t, d)
+	g := s.GPUs[0]
+	if h, _ := suspectOf(g, worker); h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofProcessGroup {
+		t.Errorf("worker %d: %+v, want inherited through the dead trainer's group", worker, h)
+	}
+	if h, ok := suspectOf(g, helper); ok {
+		t.Errorf("the live trainer's helper %d is a suspect: %+v", helper, h)
+	}
+	i := slices.IndexFunc(g.Holders, func(h Holding) bool { return h.PID == helper })
+	if i < 0 || !slices.Contains(g.Holders[i].LiveJobs, JobLink{OwnerPID: live, GPU: g.Device.UUID, How: JobSharesFile}) {
+		t.Errorf("the helper is not tied to the live trainer %d by a shared open file: %+v", live, g.Holders)
+	}
+}
+
+// TestReusedPIDHoldingTheGPU (finding 8 of issue 15): the dead owner's PID
+// is recreated for a process that holds the same GPU, while the dead
+// owner's worker still holds its context. The listed PID is a dead owner,
+// not the newcomer.
+func TestReusedPIDHoldingTheGPU(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	// The owner is not a group leader, so its worker is proven by descent.
+	script := exec.Command("sh", "-c", `sh -c 'exec 3<"$1"; "$0" & wait' "$0" "$1" & wait`, os.Args[0], dev)
+	script.Env = testenv.MapperEnviron()
+	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-script.Process.Pid, syscall.SIGKILL); script.Wait() })
+	var owner, worker int
+	testenv.Eventually(t, 5*time.Second, "the owner and its worker", func() bool {
+		for pid, ppid := range sessionOf(t, script.Process.Pid) {
+			if ppid == script.Process.Pid {
+				owner = pid
+			}
+		}
+		for pid, ppid := range sessionOf(t, script.Process.Pid) {
+			if owner != 0 && ppid == owner {
+				worker = pid
+			}
+		}
+		return worker != 0
+	})
+	waitMapped(t, worker, dev)
+	loop := newLoop(t, d)
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(owner, 4706)}})
+	loop.Refresh(context.Background(), false)
+
+	syscall.Kill(owner, syscall.SIGKILL)
+	testenv.WaitGone(t, owner)
+	newcomer := testenv.StartWithPID(t, owner, func() *exec.Cmd {
+		f, err := os.Open(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		c := exec.Command(os.Args[0])
+		c.Env = testenv.MapperEnviron()
+		c.ExtraFiles = []*os.File{f}
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		return c
+	})
+	t.Cleanup(func() { newcomer.Process.Kill(); newcomer.Wait() })
+	waitMapped(t, owner, dev)
+
+	s := loop.Refresh(context.Background(), false)
+	o := s.GPUs[0].Owners[0]
+	if o.Alive || o.ReusedBy == nil || o.ReusedBy.PID != owner {
+		t.Fatalf("owner %d: alive %v, reused by %v; want dead, its PID reused by the newcomer", owner, o.Alive, o.ReusedBy)
+	}
+	if got := s.GPUs[0].UnownedBytes / mib; got != 4714 {
+		t.Errorf("no live owner: %d MiB, want all 4714", got)
+	}
+	if h, _ := suspectOf(s.GPUs[0], worker); h.Reason != ReasonInheritedFromDeadOwner {
+		t.Errorf("the dead owner's worker %d: %+v, want inherited", worker, h)
+	}
+	if h, _ := suspectOf(s.GPUs[0], owner); h.Reason == ReasonInheritedFromDeadOwner {
+		t.Errorf("the newcomer %d with the dead owner's PID is called its inheritor: %+v", owner, h)
+	}
+}
+
+// TestDeadOwnersHaveTheirOwnClocks (finding 7 of issue 15): a second
+// owner that dies later on the same GPU is dated from its own death.
+func TestDeadOwnersHaveTheirOwnClocks(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	loop := newLoop(t, d)
+	first, second := deadPID(t), deadPID(t)
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(first, 4706)}})
+	s1 := loop.Refresh(context.Background(), false)
+	time.Sleep(10 * time.Millisecond)
+	nv.set(gpu0{usedMiB: 9428, procs: []nvml.ProcessInfo{listed(first, 4706), listed(second, 4706)}})
+	s2 := loop.Refresh(context.Background(), false)
+	a, _ := s2.GPUs[0].Owner(first)
+	b, _ := s2.GPUs[0].Owner(second)
+	if !a.DeadSince.Equal(s1.Taken) || !b.DeadSince.Equal(s2.Taken) {
+		t.Errorf("dead since %v and %v, want %v and %v", a.DeadSince, b.DeadSince, s1.Taken, s2.Taken)
+	}
+}
