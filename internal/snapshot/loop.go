@@ -26,7 +26,7 @@ type Loop struct {
 	// lineage remembers who each owner was and who descended from it, to
 	// name it and prove its inheritors once it is dead.
 	lineage *Lineage
-	ticked chan struct{}
+	ticked  chan struct{}
 }
 
 // NewLoop returns a Loop; call Run to start it.
