@@ -105,6 +105,8 @@ func run() int {
 		"(or the nearest subreaper) in the workload's group and session; prints 'helper PID' after the ready line.").Bool()
 	runChildComm := runCmd.Flag("child-comm", fmt.Sprintf("Name the children give themselves with prctl(PR_SET_NAME), at most %d bytes: "+
 		"/proc/PID/comm shows it, /proc/PID/exe still names this binary.", sim.MaxCommLen)).PlaceHolder("NAME").String()
+	runRespawn := runCmd.Flag("respawn-on-sigterm", "Make each child, on SIGTERM, start a replacement that holds its descriptors "+
+		"and exit, as a self-healing worker pool does; the replacement dies of SIGTERM.").Bool()
 	runClosing := cli.Int(runCmd.Flag("closing-children", "How many of the children (the first ones) close every inherited descriptor "+
 		"after mapping the device, and keep the mapping: they hold no context.").Default("0"))
 
@@ -134,6 +136,7 @@ func run() int {
 	childOthers := childCmd.Flag(sim.OtherDevicesFlag[2:], "Device nodes of other GPUs inherited after the fixed descriptors.").Int()
 	childComm := childCmd.Flag(sim.CommFlag[2:], "Name to give this process.").String()
 	childClose := childCmd.Flag(sim.CloseDescriptorsFlag[2:], "Close the inherited descriptors after mapping the device.").Bool()
+	childRespawn := childCmd.Flag(sim.RespawnFlag[2:], "On SIGTERM, start a replacement with the inherited descriptors and exit.").Bool()
 	childForkHelper := childCmd.Flag(sim.ForkHelperFlag[2:], "Start a helper with the inherited descriptors, report its PID and exit.").Bool()
 
 	statusCmd := app.Command("status", "Print each GPU's memory and live contexts, and whether their creators still exist.")
@@ -159,16 +162,17 @@ func run() int {
 		err = sim.InitWithOptions(*initRoot, sim.InitOptions{GPUs: *initGPUs, Force: *initForce})
 	case runCmd.FullCommand():
 		err = runWorkload(sim.WorkloadConfig{
-			Root:            *runRoot,
-			GPU:             *runGPU,
-			MiB:             *runMiB,
-			Children:        *runChildren,
-			IgnoreSIGTERM:   *runIgnore,
-			AllVisible:      *runVisible == visibleAll,
-			ChildComm:       *runChildComm,
-			ClosingChildren: *runClosing,
-			Helper:          *runHelper,
-			Logger:          promslog.New(logConfig),
+			Root:             *runRoot,
+			GPU:              *runGPU,
+			MiB:              *runMiB,
+			Children:         *runChildren,
+			IgnoreSIGTERM:    *runIgnore,
+			AllVisible:       *runVisible == visibleAll,
+			ChildComm:        *runChildComm,
+			ClosingChildren:  *runClosing,
+			Helper:           *runHelper,
+			RespawnOnSIGTERM: *runRespawn,
+			Logger:           promslog.New(logConfig),
 		}, zombieLeader)
 	case launchCmd.FullCommand():
 		code, err = runLauncher(sim.LauncherConfig{Root: *launchRoot, GPU: *launchGPU, AllVisible: *launchVisible == visibleAll}, *launchArgv)
@@ -183,6 +187,7 @@ func run() int {
 			Comm:             *childComm,
 			CloseDescriptors: *childClose,
 			ForkHelper:       *childForkHelper,
+			RespawnOnSIGTERM: *childRespawn,
 		})
 	case statusCmd.FullCommand():
 		err = sim.WriteStatus(os.Stdout, *statusRoot)

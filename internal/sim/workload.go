@@ -52,6 +52,10 @@ type WorkloadConfig struct {
 	// PID 1, stays in this process group and session, and shares this
 	// process's open file descriptions.
 	Helper bool
+	// RespawnOnSIGTERM makes each child, told to stop with SIGTERM, start a
+	// replacement with its descriptors and exit, as a self-healing worker
+	// pool does: the replacement holds the context on. It respawns once.
+	RespawnOnSIGTERM bool
 	// Logger receives the children's exits; nil discards them.
 	Logger *slog.Logger
 }
@@ -96,7 +100,13 @@ type ChildConfig struct {
 	// a plain child with its descriptors, reports that child's PID, and
 	// exits (WorkloadConfig.Helper).
 	ForkHelper bool
+	// RespawnOnSIGTERM: on SIGTERM, start a plain child with the inherited
+	// descriptors and exit (WorkloadConfig.RespawnOnSIGTERM).
+	RespawnOnSIGTERM bool
 }
+
+// RespawnFlag is the child subcommand's flag for ChildConfig.RespawnOnSIGTERM.
+const RespawnFlag = "--respawn-on-sigterm"
 
 // The descriptors a child inherits, after stdin, stdout and stderr.
 const (
@@ -211,6 +221,9 @@ func (w *Workload) childArgs(cfg WorkloadConfig, closing bool) []string {
 	}
 	if closing {
 		args = append(args, CloseDescriptorsFlag)
+	}
+	if cfg.RespawnOnSIGTERM {
+		args = append(args, RespawnFlag)
 	}
 	return args
 }
@@ -429,6 +442,11 @@ func RunChild(cfg ChildConfig) error {
 	if cfg.ForkHelper {
 		return forkHelper(cfg)
 	}
+	var term chan os.Signal
+	if cfg.RespawnOnSIGTERM {
+		term = make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+	}
 	// An exec'd child does not inherit its parent's mappings as a forked
 	// one does, so it maps the device nodes itself.
 	for _, fd := range devs {
@@ -459,9 +477,43 @@ func RunChild(cfg ChildConfig) error {
 		return fmt.Errorf("sim: child: %w", err)
 	}
 	unix.Close(childReadyFD)
+	if term != nil {
+		<-term
+		return respawn(cfg)
+	}
 	for {
 		time.Sleep(time.Hour)
 	}
+}
+
+// respawn starts a plain child with this child's descriptors (the same
+// open files), waits until it is ready, and returns so that this process
+// exits.
+func respawn(cfg ChildConfig) error {
+	r, wr, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("sim: respawn: %w", err)
+	}
+	defer r.Close()
+	files := []*os.File{os.NewFile(childDevFD, "dev"), os.NewFile(childContextFD, "context"), wr, os.NewFile(childUVMFD, "uvm")}
+	for i := range cfg.OtherDevices {
+		files = append(files, os.NewFile(uintptr(childOtherFD+i), "other"))
+	}
+	var args []string
+	if cfg.OtherDevices > 0 {
+		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(cfg.OtherDevices))
+	}
+	cmd, err := execSelf(append([]string{ChildCommand}, args...), files)
+	wr.Close()
+	if err != nil {
+		return fmt.Errorf("sim: respawn: %w", err)
+	}
+	if _, err := readReady(r); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("sim: replacement %d did not start: %w", cmd.Process.Pid, err)
+	}
+	return nil
 }
 
 // forkHelper is the middle of a double fork: it starts a plain child with

@@ -364,3 +364,52 @@ func openUnder(t *testing.T, pid int, dir string) []string {
 	}
 	return out
 }
+
+// TestRespawnOnSIGTERM: a self-healing worker told to stop with SIGTERM
+// starts a replacement with its descriptors and exits; the replacement
+// keeps the dead trainer's context, and dies of SIGTERM itself.
+func TestRespawnOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	root := newNode(t, 1)
+	d := newDriver(t, root)
+	p := startRun(t, root, "--gpu", "0", "--mib", "1024", "--children", "1", "--respawn-on-sigterm")
+	worker := p.children[0]
+	owner := gpu.Process{PID: uint32(p.pid), UsedBytes: 1024 * gpu.MiB}
+	p.signal(t, syscall.SIGKILL)
+	p.wait()
+	before, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", worker, worker))
+	if err != nil || len(strings.TrimSpace(string(before))) != 0 {
+		t.Fatalf("the worker has children before SIGTERM: %q, %v", before, err)
+	}
+	syscall.Kill(worker, syscall.SIGTERM)
+	eventually(t, 5*time.Second, "the worker to exit", func() error {
+		if st, err := readProcStat(worker); err == nil && st.State != "Z" {
+			return fmt.Errorf("worker %d still %s", worker, st.State)
+		}
+		return nil
+	})
+	var replacement int
+	eventually(t, 5*time.Second, "a replacement holding the node", func() error {
+		replacement = 0
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == worker {
+				continue
+			}
+			if st, err := readProcStat(pid); err == nil && st.State != "Z" && len(openUnder(t, pid, d.Node().Root)) > 0 {
+				replacement = pid
+			}
+		}
+		if replacement == 0 {
+			return fmt.Errorf("nobody holds the node")
+		}
+		return nil
+	})
+	t.Cleanup(func() { syscall.Kill(replacement, syscall.SIGKILL) })
+	if err := wantGPU(d, 0, 1032, owner); err != nil {
+		t.Fatalf("the replacement keeps the dead trainer's context: %v", err)
+	}
+	syscall.Kill(replacement, syscall.SIGTERM)
+	eventually(t, 5*time.Second, "memory freed after the replacement's SIGTERM", func() error { return wantGPU(d, 0, 0) })
+}
