@@ -24,6 +24,8 @@ type Metrics struct {
 	QueueDepth     prometheus.Gauge
 	StoreUp        prometheus.Gauge
 	LastAction     *prometheus.GaugeVec
+	// RecordedDescendants is snapshot.Lineage.RecordedDescendants.
+	RecordedDescendants prometheus.Gauge
 }
 
 // NewMetrics creates the instruments and registers them on reg.
@@ -56,6 +58,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 if the audit store accepts writes; 0 if not (the remediator then refuses to act)."}),
 		LastAction: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "last_action_timestamp_seconds",
 			Help: "When the last action with that state finished."}, []string{"state"}),
+		RecordedDescendants: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "recorded_descendants",
+			Help: "Processes seen descending from a GPU's owner, holding its GPU, while the owner lived: once it dies, the proof that they hold its context."}),
 	}
 	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
 		m.Notifications.WithLabelValues(r)
@@ -70,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Limited.WithLabelValues(l)
 	}
 	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.OrphanedEvents, m.ActionDuration,
-		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction)
+		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction, m.RecordedDescendants)
 	return m
 }
 

@@ -241,17 +241,31 @@ func TestSafetyZombieLeader(t *testing.T) {
 	wantUsedMiB(t, root, 1, 4096+8)
 }
 
+// waitRecorded waits until the agent has recorded at least n processes
+// descending from live owners: the proof it needs once they die.
+func waitRecorded(t *testing.T, url string, n int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("the agent to record %d descendants of live owners", n), func() bool {
+		return metricValue(t, url, "gpu_orphan_remediator_recorded_descendants", nil) >= float64(n)
+	})
+}
+
 // TestSafetyReusedOwnerPID: a trainer that is not a group leader died and
 // its PID was recreated for an unrelated process that holds no GPU. NVML
 // still lists the PID. The orphan is found, and the newcomer is untouched.
+// The trainer leads neither its group nor its session (its job script
+// does): its workers are proven its inheritors by the descent the running
+// agent recorded.
 func TestSafetyReusedOwnerPID(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
 	script := testenv.StartScript(t, fmt.Sprintf("%s run --root %s --gpu 1 --mib 4096 --children 2 & wait", simBin(t), root))
 	w := script.Ready(t)
 	if w.PID == script.Cmd.Process.Pid {
 		t.Fatal("the trainer leads its group; this case needs a trainer that does not")
 	}
+	waitRecorded(t, url, 2)
 	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +276,7 @@ func TestSafetyReusedOwnerPID(t *testing.T) {
 		return c
 	})
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a := alertAndWait(t, url, root, 1, fp(101))
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -279,6 +293,7 @@ func TestSafetyReusedOwnerPID(t *testing.T) {
 func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
 	tensorboard := filepath.Join(t.TempDir(), "tensorboard")
 	if err := os.Symlink("/bin/sleep", tensorboard); err != nil {
 		t.Fatal(err)
@@ -287,12 +302,13 @@ func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 		tensorboard, simBin(t), root))
 	tb := script.Ready(t).PID
 	w := script.Ready(t)
+	waitRecorded(t, url, 2)
 	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitGone(t, w.PID)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a := alertAndWait(t, url, root, 1, fp(101))
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -304,14 +320,17 @@ func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 }
 
 // TestSafetyOrphanedPolicyHonoursMinAge: a healthy job started with nohup
-// from a shell that then exits is orphaned from its session. The orphaned
-// policy still waits for --remediate.min-age before touching it.
+// from a shell that then exits is orphaned from its session, beside a fork
+// orphan on the same GPU. The orphaned policy still waits for
+// --remediate.min-age before touching either.
 func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	script := testenv.StartScript(t, fmt.Sprintf("nohup %s run --root %s --gpu 1 --mib 2048 &", simBin(t), root))
 	job := script.Ready(t)
 	script.Cmd.Wait() // the shell is gone: the job is orphaned from its session
+	orphan := testenv.StartWorkload(t, root, 1, 1024, 1)
+	orphan.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.policy=orphaned", "--remediate.min-age=1m")
 	body := payload(alert("firing", "node-a", gpuUUID(t, root, 1), fp(110), time.Now().Add(-time.Minute)))
@@ -328,7 +347,8 @@ func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 		t.Errorf("action %s (%s) with targets %v, want queued without targets", as[0].State, as[0].Reason, targetPIDs(as[0]))
 	}
 	wantAlive(t, "the nohup job", job.PID)
-	wantUsedMiB(t, root, 1, 2048+8)
+	wantAlive(t, "the fork orphan's worker", orphan.Children...)
+	wantUsedMiB(t, root, 1, 2048+8+1024+8)
 }
 
 // TestSafetyAllHoldersSparesOthers: all-holders clears GPU 1 of what maps

@@ -487,8 +487,8 @@ func RunChild(cfg ChildConfig) error {
 }
 
 // respawn starts a plain child with this child's descriptors (the same
-// open files), waits until it is ready, and returns so that this process
-// exits.
+// open files), waits until it is ready, drains, and returns so that this
+// process exits.
 func respawn(cfg ChildConfig) error {
 	r, wr, err := os.Pipe()
 	if err != nil {
@@ -513,8 +513,14 @@ func respawn(cfg ChildConfig) error {
 		_ = cmd.Wait()
 		return fmt.Errorf("sim: replacement %d did not start: %w", cmd.Process.Pid, err)
 	}
+	// A worker that hands over drains its work before it exits.
+	time.Sleep(respawnDrain)
 	return nil
 }
+
+// respawnDrain is how long a respawning worker lives on beside its
+// replacement.
+const respawnDrain = 500 * time.Millisecond
 
 // forkHelper is the middle of a double fork: it starts a plain child with
 // the descriptors it inherited, the same open file descriptions as the

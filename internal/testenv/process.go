@@ -78,6 +78,14 @@ func StartScript(t testing.TB, script string, env ...string) *Script {
 // are killed at cleanup (they leave the script's group only if asked to).
 func (s *Script) Ready(t testing.TB) *Workload {
 	t.Helper()
+	return s.Line(t, "ready")
+}
+
+// Line reads the script's next line, which must be word followed by PIDs
+// ("ready PID CHILD...", "launcher PID", "helper PID"): the first PID is
+// the Workload's PID, the others its children. Each is killed at cleanup.
+func (s *Script) Line(t testing.TB, word string) *Workload {
+	t.Helper()
 	type result struct {
 		line string
 		err  error
@@ -91,14 +99,14 @@ func (s *Script) Ready(t testing.TB) *Workload {
 	select {
 	case r = <-ch:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the script's workload never got ready")
+		t.Fatalf("the script never printed its %q line", word)
 	}
 	if r.err != nil {
-		t.Fatalf("the script's workload never got ready: %v", r.err)
+		t.Fatalf("the script never printed its %q line: %v", word, r.err)
 	}
 	fields := strings.Fields(r.line)
-	if len(fields) < 2 || fields[0] != "ready" {
-		t.Fatalf("unexpected workload line %q", r.line)
+	if len(fields) < 2 || fields[0] != word {
+		t.Fatalf("unexpected line %q, want %q and PIDs", r.line, word)
 	}
 	w := &Workload{}
 	for i, f := range fields[1:] {

@@ -34,12 +34,26 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		return nil, nil, err
 	}
 	closeDriver := func() { opened.Driver.Close() }
+	if err := checkPIDNamespace(opened.Proc, o.Act, logger); err != nil {
+		closeDriver()
+		return nil, nil, err
+	}
 	return func(st *store.Store) (role, error) {
 		var r role
 		fs := opened.Proc
 		loop := snapshot.NewLoop(opened.Taker, o.Interval, o.Decide.MinBytes)
 		loop.Refresh(ctx, false)
 		go loop.Run(ctx)
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-loop.Next():
+					m.RecordedDescendants.Set(float64(loop.Lineage().RecordedDescendants()))
+				}
+			}
+		}()
 
 		limiter := limits.New(o.Limits, limits.RealClock{})
 		if err := persistBreaker(ctx, st, limiter, &limiter.OnBreakerChange, m, logger); err != nil {

@@ -198,6 +198,17 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		return a
 	}
 	after, g, verdict := n.verify(ctx, a)
+	// Holders the plan did not name: a worker's replacement forked on
+	// SIGTERM, a process that took the context since. Re-plan from a fresh
+	// snapshot, under the same rules, a bounded number of times.
+	for round := 1; verdict == verdictUnplanned && round <= maxReplans && ctx.Err() == nil; round++ {
+		extra, err := n.replan(ctx, a, round)
+		if err != nil || len(extra) == 0 {
+			break
+		}
+		a.Targets = append(a.Targets, ladder.Kill(ladderCtx, extra)...)
+		after, g, verdict = n.verify(ctx, a)
+	}
 	now := time.Now()
 	a.After = after
 	a.FinishedAt = &now
@@ -215,6 +226,11 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		if n.cfg.Metrics != nil {
 			n.cfg.Metrics.ActionDuration.Observe(now.Sub(a.StartedAt).Seconds())
 		}
+	case verdictUnplanned:
+		a.State = remediate.StateFailed
+		a.Leftover = n.leftovers(a, g)
+		a.Reason = "processes the plan did not name still hold the GPU, and nothing proves that they inherited a dead owner's context: " + unplannedSummary(a, g)
+		a.NextStep = "look at them with `gpu-orphan ps`; gpu-orphan signals only what the kernel proves holds the dead owner's context"
 	default:
 		a.State = remediate.StateFailed
 		a.Reason = "memory did not come back within " + n.cfg.VerifyTimeout.String()
@@ -250,7 +266,36 @@ const (
 	verdictFailed verdict = iota
 	verdictClean
 	verdictOthersRemain
+	// verdictUnplanned: every target is gone, and holders that the plan
+	// neither targeted nor excluded by name keep the memory.
+	verdictUnplanned
 )
+
+// maxReplans bounds the fresh plans one action makes for holders that its
+// first plan did not name.
+const maxReplans = 3
+
+// replan decides again on a fresh snapshot and returns the targets that
+// the action has not signalled yet, recording the new plan.
+func (n *Node) replan(ctx context.Context, a remediate.Action, round int) ([]remediate.Target, error) {
+	plan := n.Plan(ctx, a.GPUUUID)
+	var extra []remediate.Target
+	for _, t := range plan.Targets {
+		if !slices.ContainsFunc(a.Targets, func(d remediate.Target) bool { return d.PID == t.PID && d.StartTime == t.StartTime }) {
+			extra = append(extra, t)
+		}
+	}
+	n.cfg.Logger.Info("Re-planned: holders the plan did not name remain", "action", a.ID, "round", round,
+		"new_targets", targetSummary(extra), "skip_reason", plan.SkipReason)
+	detail := map[string]any{"round": round, "targets": extra, "excluded": plan.Excluded}
+	if !plan.Act {
+		detail["skip"] = plan.SkipText()
+	}
+	if err := n.record(ctx, a, "replan", detail); err != nil {
+		return nil, err
+	}
+	return extra, nil
+}
 
 func (n *Node) record(ctx context.Context, a remediate.Action, kind string, detail any) error {
 	if n.cfg.Recorder == nil {
@@ -263,10 +308,11 @@ func (n *Node) record(ctx context.Context, a remediate.Action, kind string, deta
 }
 
 // verify polls fresh snapshots until the action can be judged by what it
-// did: clean when the GPU shows no memory without a live owner above the
-// threshold and no dead owner; others remain when every target is gone
-// and, once the memory had time to come back, processes the action did not
-// target still hold the device node mapped; failed at the timeout.
+// did: clean when the GPU shows no orphaned memory above the threshold and
+// no dead owner; others remain when every target is gone and, once the
+// memory had time to come back, the only processes still holding the
+// device node mapped are those the plan excluded by name; unplanned when
+// others hold it; failed at the timeout.
 func (n *Node) verify(ctx context.Context, a remediate.Action) (*remediate.MemoryEvidence, snapshot.GPU, verdict) {
 	start := time.Now()
 	deadline := start.Add(n.cfg.VerifyTimeout)
@@ -278,11 +324,18 @@ func (n *Node) verify(ctx context.Context, a remediate.Action) (*remediate.Memor
 			last = g
 			e := remediate.NewMemoryEvidence(g, s.Taken, s.Taken)
 			ev = &e
-			if g.UnownedBytes <= n.cfg.Decide.MinBytes && !g.DeadOwnerListed() && !hasOrphaned(g, n.cfg.Decide.Policy) {
+			if g.UnexplainedBytes <= n.cfg.Decide.MinBytes && !g.DeadOwnerListed() && !hasOrphaned(g, n.cfg.Decide.Policy) {
 				return ev, g, verdictClean
 			}
-			if time.Since(start) >= settle && targetsGone(a.Targets) && len(othersHolding(a, g)) > 0 {
-				return ev, g, verdictOthersRemain
+			if time.Since(start) >= settle && targetsGone(a.Targets) {
+				others := othersHolding(a, g)
+				switch {
+				case len(others) == 0:
+				case slices.ContainsFunc(others, func(h snapshot.Holding) bool { return !excludedByPlan(a, h.Process) }):
+					return ev, g, verdictUnplanned
+				default:
+					return ev, g, verdictOthersRemain
+				}
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -318,6 +371,27 @@ func othersHolding(a remediate.Action, g snapshot.GPU) []snapshot.Holding {
 		}
 	}
 	return out
+}
+
+// excludedByPlan reports whether the action's plan named p (PID and start
+// time) among the processes it leaves alone.
+func excludedByPlan(a remediate.Action, p proc.Process) bool {
+	return slices.ContainsFunc(a.Excluded, func(e remediate.Exclusion) bool { return e.PID == p.PID && e.StartTime == p.StartTime })
+}
+
+// unplannedSummary names the holders that the plan did not name.
+func unplannedSummary(a remediate.Action, g snapshot.GPU) string {
+	var b strings.Builder
+	for _, h := range othersHolding(a, g) {
+		if excludedByPlan(a, h.Process) {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d (%s)", h.PID, h.Comm)
+	}
+	return b.String()
 }
 
 // otherHolders names the processes the action left holding the GPU.
