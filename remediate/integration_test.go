@@ -188,9 +188,17 @@ func protectedHolder(t *testing.T, root string, gpu int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A hard link: protection goes by the executable file's own name and
+	// owner, and a symlink's name is nobody's executable.
 	bin := filepath.Join(t.TempDir(), "nv-hostengine")
-	if err := os.Symlink(os.Args[0], bin); err != nil {
-		t.Fatal(err)
+	if err := os.Link(os.Args[0], bin); err != nil {
+		b, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dev, err := os.Open(n.DevicePath(n.GPUs[gpu].Minor))
 	if err != nil {

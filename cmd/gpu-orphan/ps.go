@@ -7,11 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 )
 
 func runPS(logger *slog.Logger, backend *cli.Backend, output, exporterURL string) int {
@@ -110,7 +112,7 @@ func writeTable(w io.Writer, r Report) {
 		}
 		fmt.Fprintln(w, "  suspect holders:")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  PID\tPPID\tPGID\tSID\tUSER\tCOMMAND\tCONTAINER/POD\tREASON")
+		fmt.Fprintln(tw, "  PID\tPPID\tPGID\tSID\tUSER\tCOMMAND\tCONTAINER/POD\tREASON\tPROOF")
 		for _, h := range g.Suspects {
 			where := h.Container
 			if h.Pod != "" {
@@ -119,9 +121,13 @@ func writeTable(w io.Writer, r Report) {
 			if where == "" {
 				where = "-"
 			}
-			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", h.PID, h.PPID, h.PGID, h.SID, h.User, truncate(h.Command, 40), where, h.Reason)
+			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", h.PID, h.PPID, h.PGID, h.SID, h.User, truncate(h.Command, 40), where, h.Reason, proofText(h))
 		}
 		tw.Flush()
+		if slices.ContainsFunc(g.Suspects, func(h ReportHolder) bool { return h.Reason == snapshot.ReasonUnexplained }) {
+			fmt.Fprintln(w, "  unexplained holders map the GPU, but nothing the kernel records ties them to a dead owner: they are never")
+			fmt.Fprintln(w, "  signalled for one. Look at them: what they run, who started them (docs/safety.md, \"When an orphan is missed\").")
+		}
 	}
 	if len(r.FDScanShieldedPIDs) > 0 {
 		pids := "PIDs"
@@ -151,6 +157,17 @@ func ownerState(o ReportOwner) string {
 		state += ", unverified: its descriptors could not be read"
 	}
 	return state
+}
+
+// proofText says what proves an inheritor, or why nothing does.
+func proofText(h ReportHolder) string {
+	switch {
+	case h.Proof == "":
+		return "-"
+	case h.DeadOwner != 0:
+		return fmt.Sprintf("%s %d", h.Proof, h.DeadOwner)
+	}
+	return h.Proof
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%d MiB", b>>20) }

@@ -86,6 +86,10 @@ type ReportHolder struct {
 	remediate.ProcessInfo
 	Reason string `json:"reason"`
 	Listed bool   `json:"listed_by_nvml"`
+	// Proof is what proves an inheritor (or, for unexplained_holder, why
+	// nothing does); DeadOwner is the dead PID whose context it holds.
+	Proof     string `json:"proof,omitempty"`
+	DeadOwner int    `json:"dead_owner_pid,omitempty"`
 }
 
 // NewReport builds the JSON view of s.
@@ -124,7 +128,9 @@ func NewReport(s *snapshot.Snapshot, devicePath func(minor int) string) Report {
 			rg.Owners = append(rg.Owners, ro)
 		}
 		for _, h := range g.Suspects {
-			rg.Suspects = append(rg.Suspects, NewReportHolder(h.Process, h.Reason, h.Listed))
+			rh := NewReportHolder(h.Process, h.Reason, h.Listed)
+			rh.Proof, rh.DeadOwner = h.Proof, h.DeadOwner
+			rg.Suspects = append(rg.Suspects, rh)
 		}
 		r.GPUs = append(r.GPUs, rg)
 	}

@@ -97,6 +97,8 @@ type Config struct {
 	// rather than takes, so that a forgotten Self can never target the
 	// remediator. Callers set it (remediateflag does).
 	Self exclude.Self
+	// rules are the never-touch rules built by Resolved.
+	rules *exclude.Rules
 }
 
 func (c Config) withDefaults() Config {
@@ -112,7 +114,18 @@ func (c Config) withDefaults() Config {
 // configuration. Package kill applies them to group members forked after
 // the plan.
 func (c Config) Rules() exclude.Rules {
+	if c.rules != nil {
+		return *c.rules
+	}
 	return exclude.Rules{Protected: c.Protected, Self: c.Self}
+}
+
+// Resolved returns c with its never-touch rules built once: the protected
+// paths stat'ed now, not at every process a plan looks at.
+func (c Config) Resolved() Config {
+	r := c.Rules().WithDefaults()
+	c.Protected, c.Self, c.rules = r.Protected, r.Self, &r
+	return c
 }
 
 // Plan is what to do about one GPU.
@@ -247,8 +260,11 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan 
 			continue
 		}
 		why := c.why
-		if why == "" {
-			why = cfg.Rules().Why(c.Process)
+		// A never-touch rule says more of a process than a missing proof.
+		if why == "" || why == WhyUnexplained || why == WhyDeadOwnerTooYoung {
+			if r := cfg.Rules().Why(c.Process); r != "" {
+				why = r
+			}
 		}
 		if why == "" && w.liveOwner[c.PID] && !ownsByPolicy(cfg.Policy, c.reason) {
 			why = WhyOwnsLiveMemory

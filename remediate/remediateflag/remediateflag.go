@@ -99,5 +99,5 @@ func (r *Remediation) DecideConfig() decide.Config {
 		MinBytes:  r.MinBytes,
 		Protected: append(slices.Clone(exclude.DefaultProtected), r.Protected...),
 		Self:      exclude.CurrentSelf(),
-	}
+	}.Resolved()
 }
