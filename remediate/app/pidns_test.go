@@ -45,9 +45,12 @@ func TestActRefusedInAnotherPIDNamespace(t *testing.T) {
 	}
 
 	storePath := filepath.Join(dir, "unshared", "remediator.db")
-	cmd := exec.Command(unshare, append([]string{"--pid", "--fork", bin}, args(storePath, testenv.FreeAddr(t), "--act")...)...)
+	// --kill-child: the remediator dies with unshare, should the test kill
+	// it for starting.
+	cmd := exec.Command(unshare, append([]string{"--pid", "--fork", "--kill-child", bin}, args(storePath, testenv.FreeAddr(t), "--act")...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	cmd.WaitDelay = 5 * time.Second
 	done := make(chan error, 1)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
