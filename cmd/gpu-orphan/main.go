@@ -34,7 +34,10 @@ func run(args []string) int {
 	psOutput := cli.Enum(ps.Flag("output", "Output format: table or json.").Short('o').Default("table"), "table", "json")
 	psExporter := ps.Flag("exporter.url", "The node's gpu-orphan-exporter metrics, asked who each dead owner was: it remembers owners while they live, and ps starts after the death. Empty: do not ask.").Default(defaultExporterURL).String()
 
-	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts.")
+	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts. "+
+		"It applies the remediator's rules: it never signals its own process group or session (run it from another terminal, or with `setsid -w`), and it acts only from the PID namespace that --path.procfs shows. "+
+		fmt.Sprintf("With --min-age it measures ages as the remediator does, from its own first snapshot (it has no history from before it ran), and waits for them, looking again every %s; a --min-age above %s is the remediator's. ", pollInterval, maxMinAge)+
+		cleanExitHelp)
 	cleanGPU := clean.Flag("gpu", "The GPU: its index or UUID.").Required().String()
 	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path).").String()
 	cleanFlags := remediateflag.AddCleanFlags(clean)
