@@ -95,8 +95,9 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		VerifyTimeout: r.VerifyTimeout,
 		Logger:        logger,
 	}
+	planner := cleanup.New(nodeCfg)
 	s := loop.Refresh(ctx, true)
-	plan := cleanup.New(nodeCfg).PlanFrom(s, gpuID)
+	plan := planner.PlanFrom(s, gpuID)
 	// A snapshot that lists GPUs, none of them this one, says so whatever
 	// else it failed to see; an empty list is trusted only when healthy.
 	if _, found := s.GPUByID(gpuID); !found && (len(s.GPUs) > 0 || plan.SkipReason == decide.SkipGPUNotFound) {
@@ -105,7 +106,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	}
 	if plan.SkipReason == decide.SkipTooYoung {
 		var interrupted bool
-		plan, interrupted = waitForMinAge(ctx, w, loop, cleanup.New(nodeCfg), gpuID, r.MinAge, plan)
+		plan, interrupted = waitForMinAge(ctx, w, loop, planner, gpuID, r.MinAge, plan)
 		if interrupted {
 			fmt.Fprintln(os.Stderr, "gpu-orphan: interrupted while waiting for --min-age: nothing was signalled")
 			return exitWouldNot
