@@ -12,7 +12,10 @@
 #      VmHWM after ~15 fd scans and a few thousand scrapes;
 #   4. whether the fd scan keeps memory (exporter BenchmarkExporterScanRSS):
 #      the real exporter's VmRSS quiet, then after 20 scans of a crowd of
-#      6,000 processes.
+#      6,000 processes;
+#   5. what the proof rules of issue 15 cost a healthy node (snapshot
+#      BenchmarkHealthySnapshot): a snapshot with the Loop's lineage (a
+#      trainer's 8 forked workers recorded) against one without.
 #
 # Each package starts its own 2,000 processes (~17 s on a 2-core VM), the
 # exporter's 4,000 more for the last. The whole run takes about 3-4
@@ -40,6 +43,11 @@ TARGET_RATIO=5       # holder discovery at least this many times faster than fus
 TARGET_P99_MS=5      # scrape p99
 TARGET_RSS_MIB=30    # exporter RSS
 TARGET_GROWTH_MIB=2  # exporter RSS growth over repeated scans of 6,000 processes
+# The proof rules may add at most 10% to the exporter's CPU on a healthy
+# node, 0.067% of a core on the H200 (issue 15): 0.0067% of a core, 335 us
+# per snapshot at the default 5 s interval.
+INTERVAL_S=5
+TARGET_LINEAGE_US=$(awk "BEGIN { print 0.067 / 100 * 0.10 * $INTERVAL_S * 1e6 }")
 
 command -v fuser >/dev/null || echo "bench: fuser not installed (psmisc; make deps): no baseline for holder discovery" >&2
 
@@ -63,6 +71,9 @@ run() {
 }
 run "$PROC_BENCHTIME" ./internal/proc/
 run "$SCRAPE_BENCHTIME" ./exporter/
+# Only BenchmarkHealthySnapshot: the package's other tests need no bench run.
+echo "bench: go test -run '^\$' -bench BenchmarkHealthySnapshot -benchtime 300x ./internal/snapshot/" >&2
+"$GO" test -count=1 -run '^$' -bench BenchmarkHealthySnapshot -benchtime 300x -timeout 10m ./internal/snapshot/ | tee -a "$raw" || status=1
 
 elapsed=$(( $(date +%s) - t0 ))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -109,6 +120,11 @@ g_growth=$(metric BenchmarkExporterScanRSS rss-growth-MiB); g_hwm=$(metric Bench
 g_scans=$(metric BenchmarkExporterScanRSS scans); g_scan=$(metric BenchmarkExporterScanRSS scan-ms)
 g_p50=$(metric BenchmarkExporterScanRSS bin-p50-ms); g_p99=$(metric BenchmarkExporterScanRSS bin-p99-ms)
 
+l_alone=$(metric BenchmarkHealthySnapshot/alone us/snapshot); l_lineage=$(metric BenchmarkHealthySnapshot/lineage us/snapshot)
+l_added="" l_core=""
+[ -n "$l_alone" ] && [ -n "$l_lineage" ] && l_added=$(calc "$l_lineage - $l_alone")
+[ -n "$l_added" ] && l_core=$(calc "$l_added / ($INTERVAL_S * 1e6) * 100")
+
 reach="The figure above is what this machine gives."
 if [ -n "$bound" ] && awk "BEGIN { exit !($bound < $TARGET_RATIO) }"; then
   reach="So ${TARGET_RATIO}× is out of reach on $(nproc) CPUs without less kernel work
@@ -146,6 +162,7 @@ faster** (189.6 ms of CPU against 277.6 ms). See [hardware-h200.md](hardware-h20
 | scrape latency of that real binary, back to back (BenchmarkExporterRSS) | p50 $(f 2 "$b_p50") ms, p99 $(f 2 "$b_p99") ms | — | — |
 | the fd scan keeps no memory: the real exporter's VmRSS quiet (no scan), then after $(f 0 "$g_scans") scans of 6,000 other processes ($(f 0 "$g_scan") ms each) (BenchmarkExporterScanRSS) | $(f 1 "$g_quiet") MiB quiet, $(f 1 "$g_scanned") MiB after: growth $(f 2 "$g_growth") MiB (VmHWM $(f 1 "$g_hwm") MiB) | growth < ${TARGET_GROWTH_MIB} MiB | $(met "$g_growth < $TARGET_GROWTH_MIB" "$g_growth") |
 | scrape latency of that binary among the 6,000, back to back | p50 $(f 2 "$g_p50") ms, p99 $(f 2 "$g_p99") ms | — | — |
+| the proof rules on a healthy node: a snapshot recording a live trainer's 8 forked workers, against one without (BenchmarkHealthySnapshot) | $(f 0 "$l_lineage") µs against $(f 0 "$l_alone") µs: $(f 0 "$l_added") µs more per snapshot, $(f 4 "$l_core")% of a core at the ${INTERVAL_S} s interval | ≤ $(f 0 "$TARGET_LINEAGE_US") µs (10% of the exporter's 0.067% of a core on the H200) | $(met "$l_added <= $TARGET_LINEAGE_US" "$l_added") |
 
 ## Machine
 
@@ -220,6 +237,7 @@ check() {
   check "exporter VmRSS after scans of 2,000"       "$rss"       MiB  "<"  "$TARGET_RSS_MIB"
   check "exporter VmHWM"                            "$hwm"       MiB  "<"  "$TARGET_RSS_MIB"
   check "exporter VmRSS growth, 6,000 scanned"      "$g_growth"  MiB  "<"  "$TARGET_GROWTH_MIB"
+  check "proof rules, added per snapshot"          "$l_added"   us   "<=" "$TARGET_LINEAGE_US"
   echo "  holder discovery: $(f 0 "$h_ms") ms vs fuser $(f 0 "$f_ms") ms per lookup; scrape p50 $(f 2 "$l_p50") ms (floor $(f 2 "$s_p50") ms)"
   echo "  exporter among 6,000: VmRSS $(f 1 "$g_quiet") MiB quiet, $(f 1 "$g_scanned") MiB after $(f 0 "$g_scans") scans of $(f 0 "$g_scan") ms"
   echo "report: $REPORT (copy it to docs/benchmarks.md on purpose); raw output: $raw"

@@ -40,6 +40,23 @@ func (fs FS) Children(pid int) ([]int, error) {
 	return out, nil
 }
 
+// ThreadChildren returns the PIDs of the children that thread tid of pid
+// forked (/proc/PID/task/TID/children): one read, where Children reads
+// every thread's.
+func (fs FS) ThreadChildren(pid, tid int) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(fs.root, strconv.Itoa(pid), "task", strconv.Itoa(tid), "children"))
+	if err != nil {
+		return nil, fs.wrap(pid, "task/"+strconv.Itoa(tid)+"/children", err)
+	}
+	var out []int
+	for _, f := range splitFields(b) {
+		if c, ok := atoi(f); ok {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
 func splitFields(b []byte) [][]byte {
 	var out [][]byte
 	start := -1

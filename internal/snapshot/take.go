@@ -299,13 +299,21 @@ const maxDescentWalk = 4096
 
 // recordDescent walks the descendants of root (the owner, or a proven
 // inheritor of it) and records those that hold dev as descending from
-// owner.
+// owner. Every thread of root may have forked; below it, only what main
+// threads forked is read (one file per process, every interval): a worker's
+// own workers come from its main thread.
 func (t *Taker) recordDescent(uuid string, owner procKey, root int, dev proc.Device, mem *Lineage) {
 	queue := []int{root}
 	for n := 0; len(queue) > 0 && n < maxDescentWalk; n++ {
 		pid := queue[0]
 		queue = queue[1:]
-		kids, err := t.cfg.Proc.Children(pid)
+		var kids []int
+		var err error
+		if pid == root {
+			kids, err = t.cfg.Proc.Children(pid)
+		} else {
+			kids, err = t.cfg.Proc.ThreadChildren(pid, pid)
+		}
 		if err != nil {
 			continue
 		}

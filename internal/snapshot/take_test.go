@@ -59,14 +59,14 @@ type gpu0 struct {
 	migOn   bool
 }
 
-func newDriver(t *testing.T, g gpu0) testDriver {
+func newDriver(t testing.TB, g gpu0) testDriver {
 	t.Helper()
 	return newDriverFunc(t, func() gpu0 { return g })
 }
 
 // newDriverFunc is newDriver with GPU 0 reporting what get returns at each
 // read, for tests of what a Loop sees change.
-func newDriverFunc(t *testing.T, get func() gpu0) testDriver {
+func newDriverFunc(t testing.TB, get func() gpu0) testDriver {
 	t.Helper()
 	s := dgxh200.New()
 	for i, nd := range s.Devices {
@@ -281,7 +281,7 @@ func orphanedPID(t *testing.T, path string) int {
 	return pid
 }
 
-func procFS(t *testing.T) proc.FS {
+func procFS(t testing.TB) proc.FS {
 	t.Helper()
 	fs, err := proc.NewFS("/proc")
 	if err != nil {
