@@ -2,6 +2,7 @@ package proc
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,7 +126,7 @@ func TestCheckOwnPIDNamespaceChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = fs.CheckOwnPIDNamespace()
-	os.Stdout.WriteString("pid " + strconv.Itoa(os.Getpid()) + " foreign " + strconv.FormatBool(errors.Is(err, ErrForeignPIDNamespace)) + "\n")
+	fmt.Printf("pid %d foreign %t\n", os.Getpid(), errors.Is(err, ErrForeignPIDNamespace))
 }
 
 func needUnshare(t *testing.T) string {
