@@ -33,8 +33,9 @@ type EventRecorder interface {
 }
 
 // Snapshots gives a fresh snapshot, taken now, whose age clocks
-// (snapshot.GPU.UnownedSince, snapshot.Holder.Since) are set: a
-// snapshot.Loop, or Once for a cleanup by hand.
+// (snapshot.Owner.DeadSince, snapshot.GPU.UnownedSince,
+// snapshot.Holder.Since) are set, and whose lineage proves inheritors: a
+// snapshot.Loop, for the remediator and gpu-orphan clean alike.
 type Snapshots interface {
 	Refresh(ctx context.Context, forceScan bool) *snapshot.Snapshot
 }
