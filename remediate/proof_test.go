@@ -184,13 +184,13 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 
 // TestProofMPS: the MPS control daemon (started first, the device mapped,
 // not listed by NVML) and its server (an NVML owner) beside a client whose
-// kill -9 leaves its forked workers holding its memory. The simulated
-// daemon runs from gpu-orphan-sim, a name on no protected list: only the
+// kill -9 leaves its forked workers holding its memory. As on the H200,
+// the daemon runs under a name on no protected list (gpu-watchd): only the
 // proof rules keep it alive.
 func TestProofMPS(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
-	mps := testenv.StartScript(t, fmt.Sprintf("exec %s mps --root %s --gpu 1", simBin(t), root)).Ready(t)
+	mps := testenv.StartScript(t, fmt.Sprintf("exec %s mps --root %s --gpu 1 --control-comm gpu-watchd", simBin(t), root)).Ready(t)
 	client := testenv.StartWorkload(t, root, 1, 2048, 2)
 	client.KillParent(t)
 

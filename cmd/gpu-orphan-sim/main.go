@@ -124,6 +124,8 @@ func run() int {
 		"SERVER_PID', and sleep until killed. Clients are ordinary run workloads on the same GPU.")
 	mpsRoot := mpsCmd.Flag("root", "Directory of the node.").PlaceHolder("DIR").Required().String()
 	mpsGPU := cli.Int(mpsCmd.Flag("gpu", "Index of the GPU.").Required())
+	mpsComm := mpsCmd.Flag("control-comm", fmt.Sprintf("The control daemon's name in /proc/PID/comm, at most %d bytes (default %s, the real one's).",
+		sim.MaxCommLen, sim.MPSComm)).PlaceHolder("NAME").String()
 	mpsServerMiB := cli.Uint64(mpsCmd.Flag("server-mib", "MiB the server's own context holds.").Default(strconv.Itoa(sim.DefaultMPSServerMiB)))
 
 	mpsServerCmd := app.Command(sim.MPSServerCommand, "The MPS server; started by mps only.").Hidden()
@@ -177,7 +179,7 @@ func run() int {
 	case launchCmd.FullCommand():
 		code, err = runLauncher(sim.LauncherConfig{Root: *launchRoot, GPU: *launchGPU, AllVisible: *launchVisible == visibleAll}, *launchArgv)
 	case mpsCmd.FullCommand():
-		err = runMPS(sim.MPSConfig{Root: *mpsRoot, GPU: *mpsGPU, ServerMiB: *mpsServerMiB, Logger: promslog.New(logConfig)})
+		err = runMPS(sim.MPSConfig{Root: *mpsRoot, GPU: *mpsGPU, ServerMiB: *mpsServerMiB, ControlComm: *mpsComm, Logger: promslog.New(logConfig)})
 	case mpsServerCmd.FullCommand():
 		err = sim.RunMPSServer(sim.MPSServerConfig{Root: *mpsServerRoot, GPU: *mpsServerGPU, MiB: *mpsServerMiBFlag})
 	case childCmd.FullCommand():

@@ -36,6 +36,10 @@ type MPSConfig struct {
 	GPU  int
 	// ServerMiB is the server's context.
 	ServerMiB uint64
+	// ControlComm is the control daemon's name; empty means MPSComm. On the
+	// H200 the daemon was also run as a copy named gpu-watchd, a name on no
+	// protected list.
+	ControlComm string
 	// Logger receives the server's exit; nil discards it.
 	Logger *slog.Logger
 }
@@ -69,7 +73,14 @@ func StartMPS(cfg MPSConfig) (*MPS, error) {
 	if g.MIG {
 		return nil, fmt.Errorf("sim: GPU %d is in MIG mode, which the simulator does not model", g.Index)
 	}
-	if err := setComm(MPSComm); err != nil {
+	comm := cfg.ControlComm
+	if comm == "" {
+		comm = MPSComm
+	}
+	if err := checkComm(comm); err != nil {
+		return nil, err
+	}
+	if err := setComm(comm); err != nil {
 		return nil, err
 	}
 	m := &MPS{ControlPID: os.Getpid()}
