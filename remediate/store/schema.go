@@ -131,6 +131,15 @@ CREATE INDEX action_owners_action ON action_owners(action_id);
 CREATE INDEX action_owners_user ON action_owners(owner_user, action_id);
 CREATE INDEX action_owners_slurm_job ON action_owners(slurm_job, action_id);
 `,
+	// 3: what the node's collector remembers across restarts (the owners it
+	// saw alive, the descent it recorded: snapshot.Lineage), by name.
+	`
+CREATE TABLE state (
+	name       TEXT PRIMARY KEY,
+	value      BLOB NOT NULL,
+	updated_at TEXT NOT NULL
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes.
