@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/exporter"
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/statefile"
 )
 
 func main() { os.Exit(run()) }
@@ -32,6 +33,10 @@ func run() int {
 	telemetryPath := app.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
 	interval := cli.Duration(app.Flag("collector.interval", "How often to take a snapshot of NVML and /proc in the background; scrapes serve the latest one.").Default("5s"))
 	orphanBytes := cli.Bytes(app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process. Bytes, or a size with a unit: 256MiB, 1GiB.").Default("256MiB"))
+	statePath := app.Flag("state.path", "A file in which to keep, across restarts, who each GPU's owners were and which of their "+
+		"descendants held the GPU (the proof gpu_orphan_holder_info's reasons rest on). Without it, an exporter started after an "+
+		"owner died does not know who it was. Written 0600, its directory 0700; a corrupt state, or one from another boot, is "+
+		"reported and ignored.").PlaceHolder("FILE").String()
 	backend := cli.AddBackendFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
@@ -59,6 +64,12 @@ func run() int {
 	defer stop()
 
 	loop := snapshot.NewLoop(node.Taker, *interval, *orphanBytes)
+	if *statePath != "" {
+		path := *statePath
+		cli.KeepLineage(logger, loop, node.Proc, "the state file "+path,
+			func() ([]byte, bool, error) { return statefile.Load(path) },
+			func(b []byte) error { return statefile.Save(path, b) })
+	}
 	first := loop.Refresh(ctx, false)
 	cli.LogSnapshot(logger, first)
 	go loop.Run(ctx)

@@ -23,6 +23,8 @@ type Lineage struct {
 	deadSince map[gpuPID]time.Time
 	// lastUpdate is the time of the latest snapshot recorded.
 	lastUpdate time.Time
+	// gen counts the changes a saved state would miss (Generation).
+	gen uint64
 }
 
 type gpuProc struct {
@@ -123,8 +125,9 @@ func (l *Lineage) recordDescent(uuid string, owner, p procKey, holds bool) {
 		d = map[procKey]bool{}
 		l.descent[k] = d
 	}
-	if len(d) < maxDescendants {
+	if len(d) < maxDescendants && !d[p] {
 		d[p] = true
+		l.gen++
 	}
 }
 
@@ -135,7 +138,11 @@ func (l *Lineage) recordDescent(uuid string, owner, p procKey, holds bool) {
 func (l *Lineage) update(s *Snapshot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	before := len(l.owners.entries)
 	l.owners.update(s)
+	if len(l.owners.entries) != before {
+		l.gen++
+	}
 	l.lastUpdate = s.Taken
 	current := map[gpuPID]bool{}
 	for i := range s.GPUs {
@@ -156,6 +163,7 @@ func (l *Lineage) update(s *Snapshot) {
 			k := gpuPID{g.Device.UUID, int(o.PID)}
 			if _, ok := l.deadSince[k]; !ok {
 				l.deadSince[k] = s.Taken
+				l.gen++
 			}
 			o.DeadSince = l.deadSince[k]
 			current[k] = true
@@ -206,3 +214,6 @@ func (l *Lineage) RecordedDescendants() int {
 	}
 	return n
 }
+
+// Owners counts the owners remembered.
+func (l *Lineage) Owners() int { return l.ownersLen() }

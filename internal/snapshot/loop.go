@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -27,6 +28,8 @@ type Loop struct {
 	// name it and prove its inheritors once it is dead.
 	lineage *Lineage
 	ticked  chan struct{}
+	// persist, when set, saves the lineage (Persist).
+	persist *persister
 }
 
 // NewLoop returns a Loop; call Run to start it.
@@ -50,6 +53,12 @@ func (l *Loop) Run(ctx context.Context) {
 
 // Refresh takes one snapshot now, records it as the latest and returns it.
 func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
+	s := l.refresh(ctx, forceScan)
+	l.save()
+	return s
+}
+
+func (l *Loop) refresh(ctx context.Context, forceScan bool) *Snapshot {
 	s := l.taker.TakeWith(ctx, forceScan, l.lineage)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -149,6 +158,56 @@ func (l *Loop) Next() <-chan struct{} {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.ticked
+}
+
+// Persist makes the loop save what it remembers (Lineage.MarshalState) with
+// save after each snapshot that changed it, and at least every `every`
+// while owners are seen; bootID names this boot. A failed save is logged
+// once until one succeeds. Call it before Run.
+func (l *Loop) Persist(bootID string, every time.Duration, save func([]byte) error, logger *slog.Logger) {
+	l.persist = &persister{bootID: bootID, every: every, save: save, logger: logger}
+}
+
+// persister is how a Loop saves its lineage.
+type persister struct {
+	bootID string
+	every  time.Duration
+	save   func([]byte) error
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	gen    uint64
+	saved  time.Time
+	failed bool
+}
+
+// save writes the lineage when it changed, or is due; one save at a time,
+// and a refresh never waits for another's.
+func (l *Loop) save() {
+	p := l.persist
+	if p == nil || !p.mu.TryLock() {
+		return
+	}
+	defer p.mu.Unlock()
+	gen := l.lineage.Generation()
+	if gen == p.gen && time.Since(p.saved) < p.every {
+		return
+	}
+	data, err := l.lineage.MarshalState(p.bootID)
+	if err == nil {
+		err = p.save(data)
+	}
+	if err != nil {
+		if !p.failed {
+			p.logger.Warn("Cannot save what the collector remembers; a restart will forget it", "err", err)
+		}
+		p.failed = true
+		return
+	}
+	if p.failed {
+		p.logger.Info("Saving what the collector remembers again")
+	}
+	p.gen, p.saved, p.failed = gen, time.Now(), false
 }
 
 // Lineage is what the loop remembers across snapshots.

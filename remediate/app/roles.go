@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
@@ -24,6 +25,9 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
+
+// lineageState names the node collector's memory in the store.
+const lineageState = "lineage"
 
 // nodeRole opens the backend, and returns what wires the node's cleanup to
 // the store, and what closes the backend. The snapshot loop starts only
@@ -42,6 +46,12 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		var r role
 		fs := opened.Proc
 		loop := snapshot.NewLoop(opened.Taker, o.Interval, o.Decide.MinBytes)
+		// What the loop remembers (owners, descent) outlives a restart in
+		// the store: a remediator restarted after an owner died still
+		// knows who it was and who inherited its context.
+		cli.KeepLineage(logger, loop, fs, "the store",
+			func() ([]byte, bool, error) { return st.GetState(ctx, lineageState) },
+			func(b []byte) error { return st.PutState(ctx, lineageState, b) })
 		loop.Refresh(ctx, false)
 		go loop.Run(ctx)
 		go func() {
