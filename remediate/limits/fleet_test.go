@@ -149,25 +149,226 @@ func TestFleetSlidingWindow(t *testing.T) {
 		t.Fatalf("third node = %v, want fleet_rate", err)
 	}
 	if lim.RetryAfter != 20*time.Minute {
-		t.Fatalf("RetryAfter = %s, want 20m, when a leaves the window", lim.RetryAfter)
+		t.Fatalf("RetryAfter = %s, want 20m, when a's turn ends", lim.RetryAfter)
 	}
 	if !strings.Contains(lim.Reason, "2 nodes") {
 		t.Fatalf("reason = %q", lim.Reason)
 	}
-	// A node counts from its latest remediation: b again moves b's time,
-	// not a's.
+	// A node counts from its first remediation in its turn: b again is
+	// allowed, and does not move b's turn.
 	if err := f.Allow("b", 10); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(20 * time.Minute)
 	if err := f.Allow("c", 10); err != nil {
-		t.Fatalf("after a left the window: %v", err)
+		t.Fatalf("after a's turn ended: %v", err)
 	}
-	if err := f.Allow("d", 10); limitOf(t, err) != LimitFleetRate {
-		t.Fatalf("with b and c in the window, d = %v, want fleet_rate", err)
+	err = f.Allow("d", 10)
+	if !errors.As(err, &lim) || lim.Limit != LimitFleetRate || lim.RetryAfter != 20*time.Minute {
+		t.Fatalf("with b and c holding turns, d = %v, want fleet_rate until b's turn ends at 80m", err)
 	}
-	if got := f.State().Nodes; len(got) != 2 || !got["b"].Equal(t0.Add(40*time.Minute)) || !got["c"].Equal(t0.Add(60*time.Minute)) {
-		t.Fatalf("State().Nodes = %v", got)
+	if got := f.State().Nodes; len(got) != 2 || !got["b"].Equal(t0.Add(20*time.Minute)) || !got["c"].Equal(t0.Add(60*time.Minute)) {
+		t.Fatalf("State().Nodes = %v, want b from 20m (its first remediation) and c from 60m", got)
+	}
+}
+
+// ask is one alert in simulate: a node's, at a time from t0.
+type ask struct {
+	node string
+	at   time.Duration
+}
+
+// simulate drives f as the dispatcher's queue does, on a fake clock, a
+// second at a time: each alert asks at its time, and one held back asks
+// again when the limit said (limits.Retry, at least a second), until it is
+// allowed. It returns, per alert, when it was allowed (-1: never, before
+// end).
+func simulate(t *testing.T, f *Fleet, clock *FakeClock, known int, alerts []ask, end time.Duration) []time.Duration {
+	t.Helper()
+	next := make([]time.Duration, len(alerts))
+	got := make([]time.Duration, len(alerts))
+	for i, a := range alerts {
+		next[i], got[i] = a.at, -1
+	}
+	for now := time.Duration(0); now <= end; now += time.Second {
+		clock.Set(t0.Add(now))
+		for i, a := range alerts {
+			if got[i] >= 0 || next[i] > now {
+				continue
+			}
+			err := f.Allow(a.node, known)
+			if err == nil {
+				got[i] = now
+				continue
+			}
+			retry, limit, ok := Retry(err)
+			if !ok || limit != LimitFleetRate {
+				t.Fatalf("%s at %s: %v", a.node, now, err)
+			}
+			next[i] = now + retry.Round(time.Second)
+		}
+	}
+	return got
+}
+
+// TestFleetNoisyNodeHoldsNoSlot: issue 16. With the default max fraction
+// of 0.1, a fleet of 10 known nodes gets one turn at a time. A node that
+// alerts every 10 s used to renew its place on every alert, and another
+// node's alert at 15 s waited until the noisy one stopped (89 s on the
+// simulated node, with a 20 s window). Counted from its first
+// remediation, the noisy node's turn ends at 20 s, and the node that had
+// no turn goes first: it waits 5 s. The noisy node is not starved either:
+// each of its alerts waits at most a window.
+func TestFleetNoisyNodeHoldsNoSlot(t *testing.T) {
+	const window = 20 * time.Second
+	clock := NewFakeClock(t0)
+	f := NewFleet(FleetConfig{MaxFraction: 0.1, Window: window}, clock)
+	var alerts []ask
+	for at := time.Duration(0); at <= 80*time.Second; at += 10 * time.Second {
+		alerts = append(alerts, ask{"noisy", at})
+	}
+	alerts = append(alerts, ask{"quiet", 15 * time.Second})
+	got := simulate(t, f, clock, 10, alerts, 200*time.Second)
+	if q := got[len(got)-1]; q != 20*time.Second {
+		t.Errorf("the quiet node's alert at 15s was allowed at %s, want 20s (when the noisy node's first turn ends)", q)
+	}
+	for i, a := range alerts[:len(alerts)-1] {
+		if got[i] < 0 || got[i]-a.at > window {
+			t.Errorf("the noisy node's alert at %s was allowed at %s: waited more than a window", a.at, got[i])
+		}
+	}
+	t.Logf("allowed at %v", got)
+}
+
+// TestFleetLine: when a turn frees, nodes that had no turn lately go
+// first, in the order they were held back; a node that had its turn waits
+// behind them, however early it asks; with two turns, two nodes go.
+func TestFleetLine(t *testing.T) {
+	clock := NewFakeClock(t0)
+	f := NewFleet(FleetConfig{MaxNodes: 1, Window: time.Minute}, clock)
+	if err := f.Allow("a", 10); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	if err := f.Allow("c", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("c = %v", err)
+	}
+	clock.Advance(time.Second)
+	if err := f.Allow("b", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("b = %v", err)
+	}
+	if w := f.State().Waiting; len(w) != 2 || !w["c"].Since.Equal(t0.Add(10*time.Second)) {
+		t.Fatalf("Waiting = %v", w)
+	}
+	// a's turn ends at 60s; a asks first, then b, then c.
+	clock.Set(t0.Add(60 * time.Second))
+	err := f.Allow("a", 10)
+	var lim *Limited
+	if !errors.As(err, &lim) || lim.Limit != LimitFleetRate || lim.RetryAfter != waitingGrace || !strings.Contains(lim.Reason, "2 waiting nodes are ahead") {
+		t.Fatalf("a, after its turn, with b and c waiting = %#v", err)
+	}
+	if err := f.Allow("b", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("b before c, who waits longer = %v", err)
+	}
+	if err := f.Allow("c", 10); err != nil {
+		t.Fatalf("c, first in line: %v", err)
+	}
+	// b asks again when told, and is told to come back when c's turn ends.
+	clock.Set(t0.Add(70 * time.Second))
+	if err := f.Allow("b", 10); !errors.As(err, &lim) || lim.RetryAfter != 50*time.Second {
+		t.Fatalf("b during c's turn = %#v", err)
+	}
+	clock.Set(t0.Add(120 * time.Second))
+	if err := f.Allow("a", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("a before b = %v", err)
+	}
+	if err := f.Allow("b", 10); err != nil {
+		t.Fatalf("b, who had no turn: %v", err)
+	}
+	clock.Set(t0.Add(180 * time.Second))
+	if err := f.Allow("a", 10); err != nil {
+		t.Fatalf("a, alone in line: %v", err)
+	}
+}
+
+// TestFleetLineLapses: a node held back that does not ask again (its
+// alert resolved) loses its place once the time it was told, plus a grace,
+// has passed; the free turn then goes to the next.
+func TestFleetLineLapses(t *testing.T) {
+	clock := NewFakeClock(t0)
+	f := NewFleet(FleetConfig{MaxNodes: 1, Window: time.Minute}, clock)
+	_ = f.Allow("a", 10)
+	clock.Set(t0.Add(30 * time.Second))
+	err := f.Allow("gone", 10)
+	var lim *Limited
+	if !errors.As(err, &lim) || lim.RetryAfter != 30*time.Second {
+		t.Fatalf("gone = %#v, want fleet_rate for 30s", err)
+	}
+	clock.Set(t0.Add(60 * time.Second))
+	if err := f.Allow("a", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("a, while gone keeps its place = %v", err)
+	}
+	clock.Set(t0.Add(60*time.Second + waitingGrace + time.Second))
+	if err := f.Allow("a", 10); err != nil {
+		t.Fatalf("a, after gone lost its place: %v", err)
+	}
+	if w := f.State().Waiting; len(w) != 0 {
+		t.Errorf("Waiting = %v", w)
+	}
+}
+
+// TestFleetAllowInSharedWindow: AllowIn decides on a window kept
+// elsewhere, and two Fleets deciding on one window never hold more turns
+// than the cap together.
+func TestFleetAllowInSharedWindow(t *testing.T) {
+	clock := NewFakeClock(t0)
+	cfg := FleetConfig{MaxNodes: 1, Window: time.Hour}
+	one, two := NewFleet(cfg, clock), NewFleet(cfg, clock)
+	var shared FleetWindow
+	if err := one.AllowIn(&shared, "a", 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := two.AllowIn(&shared, "b", 10); limitOf(t, err) != LimitFleetRate {
+		t.Fatalf("b on the other replica = %v", err)
+	}
+	if err := two.AllowIn(&shared, "a", 10); err != nil {
+		t.Fatalf("a on the other replica, in its turn: %v", err)
+	}
+	if got := two.State(); len(got.Nodes) != 1 || len(got.Waiting) != 1 {
+		t.Errorf("the other replica's State = %+v, want the shared window", got)
+	}
+}
+
+// TestFleetUnavailableNodeNotTheBreaker: issue 16. An agent that answers
+// 503 (a full disk on its node) or cannot be reached is counted against
+// its node, however often, and never opens the fleet's breaker; failures
+// reported as failed still do.
+func TestFleetUnavailableNodeNotTheBreaker(t *testing.T) {
+	clock := NewFakeClock(t0)
+	f := NewFleet(FleetConfig{BreakerFailures: 3, BreakerWindow: time.Hour}, clock)
+	for i := range 10 {
+		if n := f.ReportUnavailable("full"); n != i+1 {
+			t.Fatalf("ReportUnavailable = %d, want %d", n, i+1)
+		}
+	}
+	if f.BreakerOpen() {
+		t.Fatal("a node's unavailable agent opened the fleet breaker")
+	}
+	if err := f.Allow("healthy", 10); err != nil {
+		t.Fatalf("a healthy node: %v", err)
+	}
+	if got := f.State().Unavailable; got["full"] != 10 || len(got) != 1 {
+		t.Errorf("State().Unavailable = %v", got)
+	}
+	clock.Advance(61 * time.Minute)
+	if got := f.State().Unavailable; len(got) != 0 {
+		t.Errorf("after the window, State().Unavailable = %v", got)
+	}
+	for range 3 {
+		f.Report("n", Failed)
+	}
+	if !f.BreakerOpen() {
+		t.Error("3 failures did not open the breaker")
 	}
 }
 
