@@ -46,9 +46,14 @@ type Config struct {
 	// human's entry is not overridden by what the cluster says.
 	Discovery AgentSource
 	// Token is sent as a bearer token to node agents.
-	Token     string
-	Client    *http.Client
+	Token  string
+	Client *http.Client
+	// Fleet holds the fleet's limits and breaker. Shared, when set,
+	// keeps the limit's window together with the other dispatcher
+	// replicas (package dispatch/lease), so that they never exceed it
+	// together; Fleet's breaker still applies.
 	Fleet     *limits.Fleet
+	Shared    SharedWindow
 	NodeLabel string
 	// MaxAttempts bounds retries to an unreachable agent before the action
 	// is recorded as failed (it is never dropped silently).
@@ -69,6 +74,15 @@ type Config struct {
 // base URL, current at each call.
 type AgentSource interface {
 	Agents() map[string]string
+}
+
+// SharedWindow is the fleet limit's window as the dispatcher replicas keep
+// it together.
+type SharedWindow interface {
+	// Allow is limits.Fleet.Allow on the shared window. An error that is
+	// not a *limits.Limited means the window could not be read or
+	// written: the node is not served.
+	Allow(ctx context.Context, node string, knownNodes int) error
 }
 
 // Dispatcher forwards each alert to the agent of the node it names.
@@ -267,23 +281,34 @@ func (d *Dispatcher) agentBase(node string) (string, error) {
 // Execute forwards one firing alert to its node (engine.Executor).
 func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate.Action, time.Duration) {
 	a.Source = "dispatch"
-	target, err := d.agentURL(a.Node)
-	if err != nil {
+	if _, err := d.agentURL(a.Node); err != nil {
 		// Taken off the allow-list since the alert came: never contacted.
 		a.State, a.Reason = remediate.StateSkipped, "rejected: "+err.Error()
 		return a, 0
 	}
-	if err := d.cfg.Fleet.Allow(a.Node, len(d.routes())); err != nil {
+	if err := d.allow(ctx, a.Node, len(d.routes())); err != nil {
 		if retry, limit, ok := limits.Retry(err); ok {
 			d.cfg.Metrics.Limited.WithLabelValues(limit).Inc()
 			a.State, a.Reason = remediate.StateQueued, "held back by the "+limit+" limit"
 			return a, retry
 		}
+		// The shared window cannot be read or written: no node is
+		// counted, so none is served.
+		d.cfg.Logger.Warn("The fleet limit's shared window is unavailable; holding the alert back", "action", a.ID, "node", a.Node, "err", err)
+		a.State, a.Reason = remediate.StateQueued, "waiting: "+err.Error()
+		return a, 5 * time.Second
 	}
 	labels, err := d.labels(ctx, a)
 	if err != nil {
 		a.State, a.Reason = remediate.StateQueued, "retrying: reading the alert's labels: "+err.Error()
 		return a, time.Second
+	}
+	// The allow-list again, as it is now: the URL is that of the node's
+	// agent now, and a node taken off the list meanwhile gets nothing.
+	target, err := d.agentURL(a.Node)
+	if err != nil {
+		a.State, a.Reason = remediate.StateSkipped, "rejected: "+err.Error()
+		return a, 0
 	}
 	code, body, err := d.Forward(ctx, target, labels, "firing", a.AlertFingerprint, a.AlertStartsAt)
 	if err == nil && code/100 == 2 {
@@ -313,13 +338,34 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		return a, time.Duration(1<<min(n, 6)) * time.Second
 	}
 	d.forget(a.ID)
-	if d.Known(a.Node) {
-		// Only an agent on the allow-list speaks for the fleet's health.
+	switch {
+	case retryable:
+		// The agent could not take the alert (its store is full, it is
+		// down): that node's trouble, which a user of that node can
+		// cause. It is counted against the node, and never holds the
+		// other nodes' alerts back.
+		times := d.cfg.Fleet.ReportUnavailable(a.Node)
+		d.cfg.Logger.Error("Forwarding failed for good: the node's agent is unavailable", "action", a.ID, "node", a.Node,
+			"attempts", n, "unavailable_within_breaker_window", times, "err", reason)
+	case d.Known(a.Node):
+		// Only an agent on the allow-list speaks for the fleet's health;
+		// a refusal (4xx, a redirect) is the dispatcher's configuration.
 		d.cfg.Fleet.Report(a.Node, limits.Failed)
+		d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
+	default:
+		d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
 	}
-	d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
 	a.State, a.Reason = remediate.StateFailed, reason
 	return a, 0
+}
+
+// allow asks the fleet limit for node: the window the replicas share when
+// there is one, else this dispatcher's own.
+func (d *Dispatcher) allow(ctx context.Context, node string, knownNodes int) error {
+	if d.cfg.Shared != nil {
+		return d.cfg.Shared.Allow(ctx, node, knownNodes)
+	}
+	return d.cfg.Fleet.Allow(node, knownNodes)
 }
 
 // labels are the alert's labels as the dispatcher received them, so that

@@ -3,13 +3,18 @@ package dispatch
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +27,9 @@ import (
 
 func newDispatcher(t *testing.T, cfg Config) *Dispatcher {
 	t.Helper()
-	cfg.Fleet = limits.NewFleet(limits.FleetConfig{MaxNodes: 5, MaxFraction: 1, Window: time.Hour, BreakerFailures: 3, BreakerWindow: time.Hour}, limits.RealClock{})
+	if cfg.Fleet == nil {
+		cfg.Fleet = limits.NewFleet(limits.FleetConfig{MaxNodes: 5, MaxFraction: 1, Window: time.Hour, BreakerFailures: 3, BreakerWindow: time.Hour}, limits.RealClock{})
+	}
 	cfg.Metrics = remediate.NewMetrics(prometheus.NewRegistry())
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	d, err := New(cfg)
@@ -246,5 +253,161 @@ func TestRoutesWithDiscovery(t *testing.T) {
 	}
 	if _, err := New(Config{Discovery: staticAgents{}}); err != nil {
 		t.Errorf("a dispatcher with discovery alone: %v", err)
+	}
+}
+
+// countingAgent is a real listener standing for a node's agent: it counts
+// the requests it gets, with their Authorization headers, and answers
+// with code (200: the webhook's reply naming no action).
+type countingAgent struct {
+	*httptest.Server
+	mu    sync.Mutex
+	code  int
+	reqs  []string // "METHOD PATH"
+	auths []string
+}
+
+func newCountingAgent(t *testing.T, code int) *countingAgent {
+	t.Helper()
+	a := &countingAgent{code: code}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.reqs = append(a.reqs, r.Method+" "+r.URL.Path)
+		a.auths = append(a.auths, r.Header.Get("Authorization"))
+		code := a.code
+		a.mu.Unlock()
+		if code != http.StatusOK {
+			http.Error(w, `{"error":"could not record the notification durably: database or disk is full"}`, code)
+			return
+		}
+		_, _ = w.Write([]byte(`{"received":1}`))
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *countingAgent) requests() ([]string, []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.reqs), slices.Clone(a.auths)
+}
+
+// closedURL is a URL where nothing listens.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "http://" + l.Addr().String()
+	l.Close()
+	return u
+}
+
+// TestUnavailableAgentsNotTheFleetBreaker: issue 16. A user filled a
+// node's disk and its agent answered 503; through the dispatcher, three
+// such answers opened the fleet breaker, and a healthy node's alert was
+// held back. An agent's 5xx, and an agent that cannot be reached, now
+// count against its node: the healthy node's alert is forwarded, with the
+// token, and the breaker stays closed. A refusal (401) still counts toward
+// the fleet breaker.
+func TestUnavailableAgentsNotTheFleetBreaker(t *testing.T) {
+	full, healthy, refusing := newCountingAgent(t, http.StatusServiceUnavailable), newCountingAgent(t, http.StatusOK), newCountingAgent(t, http.StatusUnauthorized)
+	d := newDispatcher(t, Config{Token: "0123456789abcdef", MaxAttempts: 2, Targets: map[string]string{
+		"gpu-full": full.URL, "gpu-down": closedURL(t), "gpu-ok": healthy.URL, "gpu-refusing": refusing.URL}})
+	id := 0
+	execute := func(node string) remediate.Action {
+		t.Helper()
+		id++
+		a := remediate.Action{ID: strconv.Itoa(id), Node: node, GPUUUID: "GPU-1", AlertFingerprint: fmt.Sprintf("%016x", id), AlertStartsAt: time.Now()}
+		for {
+			// Retried at once: the engine would wait, the test need not.
+			if a, _ = d.Execute(t.Context(), a); a.State != remediate.StateQueued || !strings.HasPrefix(a.Reason, "retrying: ") {
+				return a
+			}
+		}
+	}
+	for range 3 {
+		for _, node := range []string{"gpu-full", "gpu-down"} {
+			if a := execute(node); a.State != remediate.StateFailed {
+				t.Fatalf("%s: %s (%s), want failed", node, a.State, a.Reason)
+			}
+		}
+	}
+	if d.cfg.Fleet.BreakerOpen() {
+		t.Fatal("unavailable agents opened the fleet breaker")
+	}
+	if reqs, _ := full.requests(); len(reqs) != 6 {
+		t.Errorf("the full node's agent got %d requests, want 3 alerts × 2 attempts", len(reqs))
+	}
+	if a := execute("gpu-ok"); a.State != remediate.StateSucceeded {
+		t.Fatalf("the healthy node's alert: %s (%s), want forwarded", a.State, a.Reason)
+	}
+	if reqs, auths := healthy.requests(); len(reqs) != 1 || reqs[0] != "POST /api/v1/alerts" || auths[0] != "Bearer 0123456789abcdef" {
+		t.Errorf("the healthy node's agent got %v %v", reqs, auths)
+	}
+	if got := d.cfg.Fleet.State().Unavailable; got["gpu-full"] != 3 || got["gpu-down"] != 3 {
+		t.Errorf("unavailable per node: %v, want 3 each", got)
+	}
+	for range 3 {
+		if a := execute("gpu-refusing"); a.State != remediate.StateFailed {
+			t.Fatalf("401: %s", a.State)
+		}
+	}
+	if !d.cfg.Fleet.BreakerOpen() {
+		t.Error("3 refusals (401) did not open the fleet breaker")
+	}
+}
+
+// TestNoisyNodeThroughTheDispatcher: issue 16, through the dispatcher's
+// own code and real listeners, on an injected clock. With 10 known nodes
+// and the default max fraction 0.1 (one turn at a time, a 20 s window), a
+// node alerting every 10 s no longer keeps another node's alert at 15 s
+// waiting until it stops: the quiet node's agent gets its alert at 20 s,
+// when the noisy node's first turn ends.
+func TestNoisyNodeThroughTheDispatcher(t *testing.T) {
+	clock := limits.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	start := clock.Now()
+	noisy, quiet := newCountingAgent(t, http.StatusOK), newCountingAgent(t, http.StatusOK)
+	targets := map[string]string{"noisy": noisy.URL, "quiet": quiet.URL}
+	for i := range 8 {
+		targets[fmt.Sprintf("idle-%d", i)] = closedURL(t)
+	}
+	d := newDispatcher(t, Config{Targets: targets,
+		Fleet: limits.NewFleet(limits.FleetConfig{MaxFraction: 0.1, Window: 20 * time.Second}, clock)})
+
+	type pending struct {
+		a    remediate.Action
+		next time.Duration
+	}
+	var queue []*pending
+	for at := time.Duration(0); at <= 80*time.Second; at += 10 * time.Second {
+		queue = append(queue, &pending{remediate.Action{ID: "noisy-" + at.String(), Node: "noisy", GPUUUID: "GPU-1", AlertFingerprint: "n" + at.String()}, at})
+	}
+	queue = append(queue, &pending{remediate.Action{ID: "quiet", Node: "quiet", GPUUUID: "GPU-2", AlertFingerprint: "q"}, 15 * time.Second})
+	quietAt := time.Duration(-1)
+	// The engine's loop: each queued action is tried when due, a second at
+	// a time.
+	for now := time.Duration(0); now <= 120*time.Second; now += time.Second {
+		clock.Set(start.Add(now))
+		for _, p := range queue {
+			if p.a.State.Final() || p.next > now {
+				continue
+			}
+			var retry time.Duration
+			p.a, retry = d.Execute(t.Context(), p.a)
+			if p.a.State == remediate.StateQueued {
+				p.next = now + max(retry, time.Second).Round(time.Second)
+			}
+		}
+		if reqs, _ := quiet.requests(); len(reqs) > 0 && quietAt < 0 {
+			quietAt = now
+		}
+	}
+	if quietAt != 20*time.Second {
+		t.Errorf("the quiet node's agent got its alert (at 15s) at %s, want 20s", quietAt)
+	}
+	if reqs, _ := noisy.requests(); len(reqs) != 9 {
+		t.Errorf("the noisy node's agent got %d alerts, want all 9", len(reqs))
 	}
 }
