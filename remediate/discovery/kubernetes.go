@@ -3,6 +3,15 @@
 // the API server, give each node's agent by the endpoint's nodeName. It is
 // the dispatcher's second allow-list, beside its targets file: a node no
 // ready endpoint names is not known, and never contacted.
+//
+// Only slices that the EndpointSlice controller made for the Service are
+// read (its managed-by label, and the Service as their controlling owner),
+// and only endpoints that point at a Pod of the Service's namespace: a
+// slice that someone wrote by hand, or mirrored from an Endpoints object,
+// names no agent. Which pods those are is the Service's selector's doing:
+// the dispatcher's RBAC (EndpointSlices only) does not let it read the
+// pods, so that whoever can create pods matching the selector in the
+// namespace, or write EndpointSlices there, can be taken for an agent.
 package discovery
 
 import (
@@ -22,6 +31,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +45,11 @@ import (
 // ServiceAccountNamespaceFile holds the pod's own namespace, mounted with
 // its service account token.
 const ServiceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// ControllerName is the managed-by label's value on the slices that the
+// EndpointSlice controller (kube-controller-manager) makes for a Service
+// with a selector.
+const ControllerName = "endpointslice-controller.k8s.io"
 
 // Config configures the discovery of node agents.
 type Config struct {
@@ -265,7 +280,7 @@ func (k *Kubernetes) rebuild(objs []any) {
 			eps = append(eps, s)
 		}
 	}
-	next := pickAgents(eps, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger)
+	next := pickAgents(eps, k.cfg.Service, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger)
 	prev := *k.agents.Load()
 	var added, removed, changed []string
 	for node, a := range next {
@@ -298,13 +313,19 @@ func (k *Kubernetes) rebuild(objs []any) {
 
 // pickAgents picks each node's agent from the slices: an endpoint that is
 // ready (or whose readiness is unknown, which the API says to take as
-// ready) on a node, at the port named portName. A node with several ready
-// endpoints gets the lowest address, so that every dispatcher replica
-// picks the same one.
-func pickAgents(eps []*discoveryv1.EndpointSlice, portName, scheme string, logger *slog.Logger) map[string]agent {
+// ready) on a node, pointing at a Pod, at the port named portName, in a
+// slice that the EndpointSlice controller made for service. A node with
+// several ready endpoints gets the lowest address, so that every
+// dispatcher replica picks the same one.
+func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme string, logger *slog.Logger) map[string]agent {
 	candidates := map[string][]string{} // node → addresses
 	ports := map[string]map[string]int32{}
 	for _, s := range eps {
+		if why := foreign(s, service); why != "" {
+			logger.Warn("Ignoring an EndpointSlice that the EndpointSlice controller did not make for the agents' Service: it names no agent",
+				"slice", s.Namespace+"/"+s.Name, "why", why)
+			continue
+		}
 		port, ok := slicePort(s, portName)
 		if !ok {
 			logger.Debug("EndpointSlice has no port of the agents'", "slice", s.Name, "port_name", portName)
@@ -320,6 +341,11 @@ func pickAgents(eps []*discoveryv1.EndpointSlice, portName, scheme string, logge
 			if e.NodeName == nil || *e.NodeName == "" {
 				// Without a node it speaks for no alert's node.
 				logger.Debug("Ignoring an endpoint without nodeName", "slice", s.Name, "address", e.Addresses[0])
+				continue
+			}
+			if r := e.TargetRef; r == nil || r.Kind != "Pod" || r.Name == "" || (r.Namespace != "" && r.Namespace != s.Namespace) {
+				logger.Warn("Ignoring an endpoint that points at no Pod of the agents' namespace", "slice", s.Name,
+					"node", *e.NodeName, "address", e.Addresses[0], "target", targetString(r))
 				continue
 			}
 			node, addr := *e.NodeName, e.Addresses[0]
@@ -339,6 +365,27 @@ func pickAgents(eps []*discoveryv1.EndpointSlice, portName, scheme string, logge
 		out[node] = agent{url: scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(ports[node][addr]))), ready: len(addrs)}
 	}
 	return out
+}
+
+// foreign says why a slice is not one that the EndpointSlice controller
+// made for service, or "" when it is: the controller's managed-by label,
+// and the Service as the slice's controlling owner.
+func foreign(s *discoveryv1.EndpointSlice, service string) string {
+	if by := s.Labels[discoveryv1.LabelManagedBy]; by != ControllerName {
+		return fmt.Sprintf("label %s is %q, not %q", discoveryv1.LabelManagedBy, by, ControllerName)
+	}
+	owner := metav1.GetControllerOf(s)
+	if owner == nil || owner.Kind != "Service" || owner.Name != service || owner.APIVersion != "v1" {
+		return "its controlling owner is not Service " + service
+	}
+	return ""
+}
+
+func targetString(r *corev1.ObjectReference) string {
+	if r == nil {
+		return "none"
+	}
+	return r.Kind + " " + r.Namespace + "/" + r.Name
 }
 
 // slicePort is the number of the slice's port named name.

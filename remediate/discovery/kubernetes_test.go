@@ -34,6 +34,23 @@ func TestPickAgents(t *testing.T) {
 	ep := kubeapi.Endpoint
 	ipv6 := kubeapi.Slice("v6", service, "remediator", 10836, ep("gpu-v6", "fd00::5", ready))
 	ipv6.AddressType = discoveryv1.AddressTypeIPv6
+	// Slices and endpoints that name no agent (issue 16): only the
+	// EndpointSlice controller's slices of the Service, and endpoints that
+	// point at a Pod of the slice's namespace.
+	handMade := kubeapi.Slice("hand-made", service, "remediator", 10836, ep("gpu-a", "10.0.0.66", ready))
+	delete(handMade.Labels, discoveryv1.LabelManagedBy)
+	mirrored := kubeapi.Slice("mirrored", service, "remediator", 10836, ep("gpu-a", "10.0.0.66", ready))
+	mirrored.Labels[discoveryv1.LabelManagedBy] = "endpointslicemirroring-controller.k8s.io"
+	otherOwner := kubeapi.Slice("other-owner", service, "remediator", 10836, ep("gpu-a", "10.0.0.66", ready))
+	otherOwner.OwnerReferences[0].Name = "some-other-service"
+	noOwner := kubeapi.Slice("no-owner", service, "remediator", 10836, ep("gpu-a", "10.0.0.66", ready))
+	noOwner.OwnerReferences = nil
+	notController := kubeapi.Slice("not-controller", service, "remediator", 10836, ep("gpu-a", "10.0.0.66", ready))
+	notController.OwnerReferences[0].Controller = nil
+	noTarget, nodeTarget, otherNamespace := ep("gpu-a", "10.0.0.66", ready), ep("gpu-a", "10.0.0.67", ready), ep("gpu-a", "10.0.0.68", ready)
+	noTarget.TargetRef = nil
+	nodeTarget.TargetRef.Kind = "Node"
+	otherNamespace.TargetRef.Namespace = "elsewhere"
 	for _, tc := range []struct {
 		name   string
 		slices []*discoveryv1.EndpointSlice
@@ -54,10 +71,16 @@ func TestPickAgents(t *testing.T) {
 			kubeapi.Slice("s1", service, "remediator", 10836, ep("gpu-a", "10.0.0.10", ready), ep("gpu-a", "10.0.0.200", notReady)),
 			kubeapi.Slice("s2", service, "remediator", 10837, ep("gpu-a", "10.0.0.9", ready)),
 		}, "http", map[string]string{"gpu-a": "http://10.0.0.9:10837"}},
+		{"slices the controller did not make for the Service", []*discoveryv1.EndpointSlice{handMade, mirrored, otherOwner, noOwner, notController,
+			kubeapi.Slice("s", service, "remediator", 10836, ep("gpu-b", "10.0.0.70", ready))}, "http",
+			map[string]string{"gpu-b": "http://10.0.0.70:10836"}},
+		{"endpoints that point at no Pod of the namespace, though lower", []*discoveryv1.EndpointSlice{kubeapi.Slice("s", service, "remediator", 10836,
+			noTarget, nodeTarget, otherNamespace, ep("gpu-a", "10.0.0.100", ready))}, "http",
+			map[string]string{"gpu-a": "http://10.0.0.100:10836"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := map[string]string{}
-			for node, a := range pickAgents(tc.slices, "remediator", tc.scheme, slog.New(slog.DiscardHandler)) {
+			for node, a := range pickAgents(tc.slices, service, "remediator", tc.scheme, slog.New(slog.DiscardHandler)) {
 				got[node] = a.url
 			}
 			if !maps.Equal(got, tc.want) {
@@ -100,7 +123,8 @@ func start(t *testing.T, api *kubeapi.Server, reg prometheus.Registerer) (*Kuber
 // over HTTP, as kube-apiserver with and without streaming lists. The
 // first list is in when Start returns; a slice added, changed or deleted
 // while the watch is open changes the agents without a restart; slices of
-// another Service are not read; the gauge counts the agents.
+// another Service are not read, nor one with the Service's label that the
+// EndpointSlice controller did not make; the gauge counts the agents.
 func TestWatchesSlices(t *testing.T) {
 	for _, watchList := range []bool{false, true} {
 		t.Run(map[bool]string{false: "list then watch", true: "streaming list"}[watchList], func(t *testing.T) {
@@ -120,6 +144,12 @@ func TestWatchesSlices(t *testing.T) {
 				t.Errorf("%d lists, %d watches", lists, watches)
 			}
 
+			// A slice written by hand with the Service's label, for a new
+			// node and with a lower address for gpu-a, arrives before the
+			// change below, and is ignored.
+			forged := kubeapi.Slice("forged", service, "remediator", 10836, kubeapi.Endpoint("gpu-f", "10.0.0.1", ready), kubeapi.Endpoint("gpu-a", "10.0.0.2", ready))
+			delete(forged.Labels, discoveryv1.LabelManagedBy)
+			api.Apply(forged)
 			api.Apply(kubeapi.Slice("agents-a", service, "remediator", 10836,
 				kubeapi.Endpoint("gpu-a", "10.0.0.5", ready), kubeapi.Endpoint("gpu-b", "10.0.0.6", ready)))
 			waitAgents(t, k, map[string]string{"gpu-a": "http://10.0.0.5:10836", "gpu-b": "http://10.0.0.6:10836"})

@@ -84,7 +84,7 @@ func (d *Dispatcher) FollowOnce(ctx context.Context, st ResultStore) {
 		if ctx.Err() != nil {
 			return
 		}
-		updated := d.collect(ctx, a)
+		updated, ended := d.collect(ctx, a)
 		if reflect.DeepEqual(updated, a) {
 			continue
 		}
@@ -92,7 +92,16 @@ func (d *Dispatcher) FollowOnce(ctx context.Context, st ResultStore) {
 			d.cfg.Logger.Error("Recording an agent's result failed", "action", a.ID, "node", a.Node, "err", err)
 			continue
 		}
-		if g := updated.Agent; g.State.Final() {
+		g := updated.Agent
+		switch {
+		case ended != "":
+			d.cfg.Logger.Warn("No longer following the agent's action: its node is on no allow-list", "action", a.ID, "node", a.Node,
+				"agent_action", g.ActionID, "url", a.Agent.URL, "reason", ended)
+			if err := st.AddEvent(ctx, a.ID, "agent_not_followed", map[string]any{"agent_action": g.ActionID, "url": a.Agent.URL,
+				"last_state": a.Agent.State, "reason": ended}); err != nil {
+				d.cfg.Logger.Error("Recording the end of a follow-up failed", "action", a.ID, "err", err)
+			}
+		case g.State.Final():
 			d.cfg.Logger.Info("Agent finished", "action", a.ID, "node", a.Node, "agent_action", g.ActionID,
 				"state", g.State, "freed_mib", updated.FreedBytes>>20, "dead_owners", len(updated.DeadOwners))
 			if err := st.AddEvent(ctx, a.ID, "agent_result", map[string]any{"agent_action": g.ActionID, "state": g.State,
@@ -103,14 +112,30 @@ func (d *Dispatcher) FollowOnce(ctx context.Context, st ResultStore) {
 	}
 }
 
-// collect returns a with what its agent now says of its action.
-func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) remediate.Action {
+// collect returns a with what its agent now says of its action. The agent
+// is the node's as the allow-list (the targets file as it is now, and
+// discovery) names it at this moment, never the URL stored when the alert
+// was forwarded: a node taken off the list is not asked, and its
+// follow-up ends (ended says why), and a node whose agent moved (a
+// replaced pod) is asked at its new address, not at the old one, which
+// another node's agent may have by now.
+func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) (_ remediate.Action, ended string) {
 	agent := *a.Agent
 	a.Agent = &agent
-	got, err := d.agentAction(ctx, agent.URL, agent.ActionID)
+	base, err := d.agentBase(a.Node)
+	if err != nil {
+		ended = "not followed any further: " + err.Error() + "; the agent's last known state was " + string(agent.State)
+		agent.State, agent.Reason, agent.Error = remediate.StateSkipped, ended, ""
+		return a, ended
+	}
+	if base != agent.URL {
+		d.cfg.Logger.Info("The node's agent moved; asking it at its current address", "action", a.ID, "node", a.Node, "from", agent.URL, "to", base)
+		agent.URL = base
+	}
+	got, err := d.agentAction(ctx, base, agent.ActionID)
 	if err != nil {
 		agent.Error = err.Error()
-		return a
+		return a, ""
 	}
 	agent.State, agent.Reason, agent.FinishedAt, agent.Error = got.State, got.Reason, got.FinishedAt, ""
 	// The agent's plan and result, as it recorded them.
@@ -118,7 +143,7 @@ func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) remediate.
 	a.FreedBytes, a.VerifySeconds, a.NextStep = got.FreedBytes, got.VerifySeconds, got.NextStep
 	a.Before, a.After, a.DeadOwners = got.Before, got.After, got.DeadOwners
 	a.Targets, a.Excluded, a.Leftover = got.Targets, got.Excluded, got.Leftover
-	return a
+	return a, ""
 }
 
 // agentAction reads one action of an agent: GET /api/v1/actions/{id}.

@@ -2,14 +2,21 @@ package dispatch
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubeapi"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -22,12 +29,18 @@ type fakeAgent struct {
 	auth    string
 	gets    int
 	missing bool
+	// requests counts every request, tokens those that carried one.
+	requests, tokens int
 }
 
 func (f *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.auth = r.Header.Get("Authorization")
+	f.requests++
+	if f.auth != "" {
+		f.tokens++
+	}
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/alerts":
 		w.Write([]byte(f.reply))
@@ -157,5 +170,157 @@ func TestFollowAgentTroubles(t *testing.T) {
 	got, _ = st.Action(t.Context(), id)
 	if got.Agent.State != remediate.StateSucceeded || got.Agent.Error != "" {
 		t.Fatalf("known again: %+v", got.Agent)
+	}
+}
+
+// counts returns how many requests, and requests with a token, the agent
+// got.
+func (f *fakeAgent) counts() (requests, tokens int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests, f.tokens
+}
+
+// forwardAndStore forwards an alert for node and records the dispatcher's
+// action, as the engine does.
+func forwardAndStore(t *testing.T, d *Dispatcher, st *store.Store, node, fingerprint string) string {
+	t.Helper()
+	a, _ := d.Execute(t.Context(), remediate.Action{Node: node, GPUUUID: "GPU-1", AlertFingerprint: fingerprint,
+		AlertStartsAt: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), StartedAt: time.Now()})
+	if a.State != remediate.StateSucceeded || a.Agent == nil || a.Agent.ActionID == "" {
+		t.Fatalf("forwarding %s's alert: %s %s, agent %+v", node, a.State, a.Reason, a.Agent)
+	}
+	id, err := st.Insert(t.Context(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestFollowStopsWhenTargetRemoved: issue 16. A node removed from the
+// targets file used to be asked for its action, with the agent's token,
+// every second for up to 6 h. The allow-list is read again before every
+// request: once the node is off it, its agent gets nothing more, and the
+// follow-up ends with the reason recorded.
+func TestFollowStopsWhenTargetRemoved(t *testing.T) {
+	f := &fakeAgent{action: remediate.Action{ID: "ag1", State: remediate.StateRunning},
+		reply: `{"alerts":[{"fingerprint":"fp1","result":"accepted","action_id":"ag1"}]}`}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "targets.json")
+	write := func(body string, mtime time.Time) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"gpu-a": "`+srv.URL+`", "gpu-b": "http://10.0.0.6:10836"}`, time.Now().Add(-time.Hour))
+	st := openStore(t)
+	d := newDispatcher(t, Config{TargetsFile: path, Token: "0123456789abcdef"})
+	id := forwardAndStore(t, d, st, "gpu-a", "fp1")
+	d.FollowOnce(t.Context(), st)
+	if req, tok := f.counts(); req != 2 || tok != 2 {
+		t.Fatalf("before the removal: %d requests, %d with the token; want the webhook and one GET", req, tok)
+	}
+
+	write(`{"gpu-b": "http://10.0.0.6:10836"}`, time.Now())
+	for range 3 {
+		d.FollowOnce(t.Context(), st)
+	}
+	if req, tok := f.counts(); req != 2 || tok != 2 {
+		t.Errorf("after gpu-a left the targets file its agent got %d requests (%d with the token), want none more", req-2, tok-2)
+	}
+	got, _ := st.Action(t.Context(), id)
+	if got.Agent.State != remediate.StateSkipped || !strings.Contains(got.Agent.Reason, `node "gpu-a" is on no allow-list`) ||
+		!strings.Contains(got.Agent.Reason, "last known state was running") {
+		t.Errorf("the follow-up: %+v, want ended with the reason", got.Agent)
+	}
+	events, _ := st.Events(t.Context(), id)
+	if len(events) != 1 || events[0].Kind != "agent_not_followed" {
+		t.Errorf("events %+v, want agent_not_followed", events)
+	}
+	if pending, _ := st.Actions(t.Context(), store.Filter{AgentPending: true}); len(pending) != 0 {
+		t.Errorf("still pending: %+v", pending)
+	}
+}
+
+// TestFollowAsksTheNodesAgentNow: issue 16, under Kubernetes discovery
+// (the real informer, against the test API server). gpu-a's agent pod is
+// replaced: its new pod serves elsewhere, and the old address now serves
+// gpu-b's agent. The follow-up of gpu-a's action goes to gpu-a's agent as
+// discovery names it now, never to the stored address; once gpu-a leaves
+// the slices, nobody is asked, and the follow-up ends.
+func TestFollowAsksTheNodesAgentNow(t *testing.T) {
+	const ns, service = "gpu-orphan", "gpu-orphan-node"
+	reply := `{"alerts":[{"fingerprint":"fp1","result":"accepted","action_id":"ag1"}]}`
+	oldPod := &fakeAgent{action: remediate.Action{ID: "ag1", State: remediate.StateRunning}, reply: reply}
+	newPod := &fakeAgent{action: remediate.Action{ID: "ag1", State: remediate.StateRunning}, reply: reply}
+	oldSrv, newSrv := httptest.NewServer(oldPod), httptest.NewServer(newPod)
+	defer oldSrv.Close()
+	defer newSrv.Close()
+	port := func(s *httptest.Server) int32 {
+		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
+		n, _ := strconv.Atoi(p)
+		return int32(n)
+	}
+	api := kubeapi.Start(t, ns)
+	api.Apply(kubeapi.Slice("agents-1", service, "remediator", port(oldSrv), kubeapi.Endpoint("gpu-a", "127.0.0.1", nil)))
+	api.Apply(kubeapi.Slice("agents-2", service, "remediator", port(newSrv)))
+	k, err := discovery.New(discovery.Config{Service: service, Namespace: ns, PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st := openStore(t)
+	d := newDispatcher(t, Config{Discovery: k, Token: "0123456789abcdef"})
+	id := forwardAndStore(t, d, st, "gpu-a", "fp1")
+
+	// The pod is replaced; its old address is gpu-b's agent's now.
+	api.Apply(kubeapi.Slice("agents-1", service, "remediator", port(oldSrv), kubeapi.Endpoint("gpu-b", "127.0.0.1", nil)))
+	api.Apply(kubeapi.Slice("agents-2", service, "remediator", port(newSrv), kubeapi.Endpoint("gpu-a", "127.0.0.1", nil)))
+	testenv.Eventually(t, 10*time.Second, "discovery to see the new pods", func() bool {
+		a := k.Agents()
+		return a["gpu-a"] == newSrv.URL && a["gpu-b"] == oldSrv.URL
+	})
+	newPod.set(func(f *fakeAgent) { f.action.State = remediate.StateSucceeded })
+	d.FollowOnce(t.Context(), st)
+	if req, tok := oldPod.counts(); req != 1 || tok != 1 {
+		t.Errorf("the old address, gpu-b's agent now, got %d requests (%d with the token), want only the first webhook", req, tok)
+	}
+	var gets int
+	var auth string
+	newPod.set(func(f *fakeAgent) { gets, auth = f.gets, f.auth })
+	if gets != 1 || auth != "Bearer 0123456789abcdef" {
+		t.Errorf("gpu-a's agent now was asked %d times (auth %q), want once with the token", gets, auth)
+	}
+	got, _ := st.Action(t.Context(), id)
+	if got.Agent.URL != newSrv.URL || got.Agent.State != remediate.StateSucceeded {
+		t.Errorf("the record: %+v, want the result from %s", got.Agent, newSrv.URL)
+	}
+
+	// Another action of gpu-a, then its agent leaves the slices.
+	newPod.set(func(f *fakeAgent) {
+		f.action = remediate.Action{ID: "ag2", State: remediate.StateRunning}
+		f.reply = `{"alerts":[{"fingerprint":"fp2","result":"accepted","action_id":"ag2"}]}`
+	})
+	id2 := forwardAndStore(t, d, st, "gpu-a", "fp2")
+	api.Delete("agents-2")
+	testenv.Eventually(t, 10*time.Second, "gpu-a to leave discovery", func() bool { _, ok := k.Agents()["gpu-a"]; return !ok })
+	before, _ := newPod.counts()
+	d.FollowOnce(t.Context(), st)
+	if after, _ := newPod.counts(); after != before {
+		t.Errorf("gpu-a's agent, off the slices, got %d more requests", after-before)
+	}
+	if req, _ := oldPod.counts(); req != 1 {
+		t.Errorf("the old address got %d requests", req)
+	}
+	got, _ = st.Action(t.Context(), id2)
+	if got.Agent.State != remediate.StateSkipped || !strings.Contains(got.Agent.Reason, "no allow-list") {
+		t.Errorf("the follow-up of gpu-a's second action: %+v, want ended", got.Agent)
 	}
 }

@@ -143,6 +143,12 @@ func (s *Server) Apply(slice *discoveryv1.EndpointSlice) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	slice = slice.DeepCopy()
+	for i, e := range slice.Endpoints {
+		// As the controller does: the pod's namespace is the slice's.
+		if e.TargetRef != nil && e.TargetRef.Namespace == "" && slice.Namespace == "" {
+			slice.Endpoints[i].TargetRef.Namespace = s.namespace
+		}
+	}
 	slice.Namespace = s.namespace
 	typ := "MODIFIED"
 	if old, ok := s.slices[slice.Name]; ok {
@@ -179,23 +185,31 @@ func (s *Server) changeLocked(typ string, slice *discoveryv1.EndpointSlice) {
 	s.changed = make(chan struct{})
 }
 
-// Slice builds an EndpointSlice of service with one port, and endpoints.
+// Slice builds an EndpointSlice of service with one port, and endpoints,
+// as the EndpointSlice controller makes it: labelled managed-by the
+// controller, and owned by the Service.
 func Slice(name, service, portName string, port int32, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	return &discoveryv1.EndpointSlice{
-		TypeMeta:    metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"},
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		TypeMeta: metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: service, UID: types.UID("uid-service-" + service),
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   endpoints,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(portName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
 }
 
-// Endpoint builds an endpoint on node (none if empty) at address; ready
-// nil leaves the condition unset, which the API reads as ready.
+// Endpoint builds an endpoint on node (none if empty) at address, pointing
+// at a Pod (the slice's namespace once applied); ready nil leaves the
+// condition unset, which the API reads as ready.
 func Endpoint(node, address string, ready *bool) discoveryv1.Endpoint {
-	e := discoveryv1.Endpoint{Addresses: []string{address}, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+	e := discoveryv1.Endpoint{Addresses: []string{address}, Conditions: discoveryv1.EndpointConditions{Ready: ready},
+		TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "agent-" + address}}
 	if node != "" {
 		e.NodeName = ptr.To(node)
+		e.TargetRef.Name = "agent-" + node
 	}
 	return e
 }
