@@ -132,21 +132,28 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 	orphan.KillParent(t)
 	// nobody must reach the node's device files.
 	for dir := root; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
-		os.Chmod(dir, 0o755)
-	}
-	filepath.WalkDir(filepath.Join(root, "dev"), func(p string, d os.DirEntry, err error) error {
-		if err == nil {
-			os.Chmod(p, 0o777)
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		return nil
+	}
+	err := filepath.WalkDir(filepath.Join(root, "dev"), func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chmod(p, 0o777)
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// ... and its binary.
 	bin, err := os.MkdirTemp("", "gpu-orphan-sim-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(bin) })
-	os.Chmod(bin, 0o755)
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	b, err := os.ReadFile(simBin(t))
 	if err != nil {
 		t.Fatal(err)

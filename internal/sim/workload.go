@@ -407,7 +407,7 @@ func (w *Workload) Close() error {
 		errs = append(errs, w.ctx.Close())
 	}
 	if w.devices != nil {
-		errs = append(errs, w.devices.close())
+		errs = append(errs, w.close())
 	}
 	return errors.Join(errs...)
 }

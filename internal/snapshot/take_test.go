@@ -237,26 +237,6 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	return pid, workers
 }
 
-// zombiePID returns the PID of a child that has exited but is not reaped.
-func zombiePID(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("true")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Wait() })
-	fs := procFS(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if p, err := fs.Process(cmd.Process.Pid); err == nil && p.Zombie() {
-			return cmd.Process.Pid
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatal("child never became a zombie")
-	return 0
-}
-
 // orphanedPID returns a live process whose session leader has died and
 // which was reparented out of its session, as docs/facts.md's "spawn child S
 // with its own context, then SIGKILL of parent" row.
