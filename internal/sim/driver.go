@@ -89,7 +89,7 @@ func (d *Driver) Read(ctx context.Context) ([]gpu.Reading, error) {
 			out = append(out, gpu.Reading{Device: device(g), Err: faultErr})
 			continue
 		}
-		out = append(out, reading(g, ctxs))
+		out = append(out, reading(g, ctxs, f.leaked(g.Index)))
 	}
 	return out, nil
 }
@@ -101,14 +101,15 @@ func device(g GPU) gpu.Device {
 // reading is NVML's view of one GPU given the node's live contexts: each
 // context costs its allocation plus an overhead charged to no process, and
 // is listed under its creator's PID for as long as it lives, even after the
-// creator is gone (docs/facts.md).
-func reading(g GPU, ctxs []Context) gpu.Reading {
+// creator is gone (docs/facts.md). leaked bytes are used and charged to no
+// process (Faults.Leaks).
+func reading(g GPU, ctxs []Context, leaked uint64) gpu.Reading {
 	r := gpu.Reading{Device: device(g)}
 	if g.MIG {
 		r.Unsupported = "mig"
 		return r
 	}
-	var used uint64
+	used := leaked
 	byPID := map[int]uint64{}
 	for _, c := range ctxs {
 		if c.GPU != g.Index {

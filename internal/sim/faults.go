@@ -7,13 +7,17 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 )
 
-// Faults make the simulated NVML fail or hang, for tests of the code that
-// must survive a broken or stuck driver. They live in DIR/faults.json, which
-// Read re-reads every time, so tests can add and remove faults at runtime:
+// Faults make the simulated NVML fail, hang or leak, for tests of the code
+// that must survive a broken or stuck driver. They live in DIR/faults.json,
+// which Read re-reads every time, so tests can add and remove faults at
+// runtime:
 //
 //	{"error": "GPU is lost", "gpu": -1, "delay": "2s"}
+//	{"leaks": [{"gpu": 3, "mib": 40960}]}
 type Faults struct {
 	// Error, when set, is the message of the error Read returns.
 	Error string
@@ -23,7 +27,21 @@ type Faults struct {
 	GPU int
 	// Delay is how long every Read hangs before it answers.
 	Delay time.Duration
+	// Leaks are memory that the driver keeps used with no process holding
+	// it, as a driver-level leak does: NVML counts it in the GPU's used
+	// memory, lists no process for it, and no descriptor that any process
+	// could close gives it back. Only a GPU reset would.
+	Leaks []Leak
 }
+
+// Leak is memory that one GPU keeps used with no process holding it.
+type Leak struct {
+	GPU   int
+	Bytes uint64
+}
+
+// MaxLeakBytes bounds one leak: it must fit on a GPU.
+const MaxLeakBytes = TotalBytes - ReservedBytes
 
 // AllGPUs as Faults.GPU makes the whole Read fail.
 const AllGPUs = -1
@@ -33,6 +51,13 @@ type faultsJSON struct {
 	Error string `json:"error,omitempty"`
 	GPU   *int   `json:"gpu,omitempty"`
 	Delay string `json:"delay,omitempty"`
+	// Leaks are in MiB, as people read them.
+	Leaks []leakJSON `json:"leaks,omitempty"`
+}
+
+type leakJSON struct {
+	GPU *int   `json:"gpu"`
+	MiB uint64 `json:"mib"`
 }
 
 // WriteFaults installs faults on the node under root.
@@ -46,6 +71,16 @@ func WriteFaults(root string, f Faults) error {
 	fj := faultsJSON{Error: f.Error, GPU: &f.GPU}
 	if f.Delay > 0 {
 		fj.Delay = f.Delay.String()
+	}
+	for _, l := range f.Leaks {
+		if err := l.check(); err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		if l.Bytes%gpu.MiB != 0 {
+			return fmt.Errorf("sim: leak of %d bytes on GPU %d: want whole MiB", l.Bytes, l.GPU)
+		}
+		g := l.GPU
+		fj.Leaks = append(fj.Leaks, leakJSON{GPU: &g, MiB: l.Bytes / gpu.MiB})
 	}
 	data, err := json.Marshal(fj)
 	if err != nil {
@@ -81,7 +116,7 @@ func readFaults(root string) (Faults, error) {
 
 func parseFaults(data []byte) (Faults, error) {
 	var fj faultsJSON
-	if err := decodeStrict(data, &fj, "error", "gpu", "delay"); err != nil {
+	if err := decodeStrict(data, &fj, "error", "gpu", "delay", "leaks", "mib"); err != nil {
 		return Faults{}, err
 	}
 	f := Faults{Error: fj.Error, GPU: AllGPUs}
@@ -101,5 +136,41 @@ func parseFaults(data []byte) (Faults, error) {
 		}
 		f.Delay = d
 	}
+	for i, lj := range fj.Leaks {
+		if lj.GPU == nil {
+			return Faults{}, fmt.Errorf("leaks[%d]: no gpu", i)
+		}
+		l := Leak{GPU: *lj.GPU, Bytes: lj.MiB * gpu.MiB}
+		if lj.MiB > MaxLeakBytes/gpu.MiB {
+			l.Bytes = MaxLeakBytes + 1 // refused below, without overflowing
+		}
+		if err := l.check(); err != nil {
+			return Faults{}, fmt.Errorf("leaks[%d]: %w", i, err)
+		}
+		f.Leaks = append(f.Leaks, l)
+	}
 	return f, nil
+}
+
+func (l Leak) check() error {
+	switch {
+	case l.GPU < 0:
+		return fmt.Errorf("leak on GPU %d: want an index", l.GPU)
+	case l.Bytes == 0:
+		return fmt.Errorf("leak of 0 bytes on GPU %d", l.GPU)
+	case l.Bytes > MaxLeakBytes:
+		return fmt.Errorf("leak of %d MiB on GPU %d: more than a GPU holds (%d MiB)", l.Bytes/gpu.MiB, l.GPU, MaxLeakBytes/gpu.MiB)
+	}
+	return nil
+}
+
+// leaked is what f's leaks keep used on GPU index.
+func (f Faults) leaked(index int) uint64 {
+	var b uint64
+	for _, l := range f.Leaks {
+		if l.GPU == index {
+			b += l.Bytes
+		}
+	}
+	return b
 }

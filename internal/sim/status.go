@@ -23,14 +23,15 @@ func WriteStatus(w io.Writer, root string) error {
 		return err
 	}
 	fmt.Fprintf(w, "node %s, PID namespace %s\n", n.Root, n.PIDNamespace)
-	if f, err := readFaults(n.Root); err != nil {
+	f, err := readFaults(n.Root)
+	if err != nil {
 		fmt.Fprintf(w, "faults: %v\n", err)
 	} else if f.Error != "" || f.Delay > 0 {
 		fmt.Fprintf(w, "faults: error %q on gpu %d, delay %v\n", f.Error, f.GPU, f.Delay)
 	}
 	for _, g := range n.GPUs {
 		fmt.Fprintf(w, "GPU %d %s %s, device %s\n", g.Index, g.UUID, g.Name, n.DevicePath(g.Minor))
-		r := reading(g, ctxs)
+		r := reading(g, ctxs, f.leaked(g.Index))
 		if r.Unsupported != "" {
 			fmt.Fprintf(w, "  unsupported: %s\n", r.Unsupported)
 			continue
@@ -38,6 +39,9 @@ func WriteStatus(w io.Writer, root string) error {
 		m := r.Memory
 		fmt.Fprintf(w, "  memory MiB: total %d, reserved %d, used %d, free %d\n",
 			m.Total/gpu.MiB, m.Reserved/gpu.MiB, m.Used/gpu.MiB, m.Free/gpu.MiB)
+		if b := f.leaked(g.Index); b > 0 {
+			fmt.Fprintf(w, "  leaked (fault): %d MiB used with no process holding it\n", b/gpu.MiB)
+		}
 		for _, c := range ctxs {
 			if c.GPU == g.Index {
 				fmt.Fprintf(w, "  context of pid %d (%s): %d MiB, %s\n",

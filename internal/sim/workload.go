@@ -267,7 +267,12 @@ func allocate(n *Node, g GPU, mib uint64, c *Context) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := reading(g, ctxs).Memory
+	f, err := readFaults(n.Root)
+	if err != nil {
+		return nil, err
+	}
+	// Leaked memory is used memory: it takes room from new contexts.
+	m := reading(g, ctxs, f.leaked(g.Index)).Memory
 	if mib > g.TotalBytes/gpu.MiB || m.Free < mib*gpu.MiB+ContextOverheadBytes {
 		return nil, fmt.Errorf("sim: %w: tried to allocate %d MiB on GPU %d (%d MiB total, %d MiB reserved, %d MiB in use, %d MiB free)",
 			ErrOutOfMemory, mib, g.Index, m.Total/gpu.MiB, m.Reserved/gpu.MiB, m.Used/gpu.MiB, m.Free/gpu.MiB)
