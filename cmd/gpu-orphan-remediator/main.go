@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -47,6 +48,8 @@ func run() int {
 	a.Flag("alert.node-label", "The alert label that names the node.").Default("node").StringVar(&o.NodeLabel)
 	a.Flag("alert.uuid-label", "The alert label that names the GPU by UUID.").Default("uuid").StringVar(&o.UUIDLabel)
 	a.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged.").Default("/var/lib/gpu-orphan/remediator.db").StringVar(&o.StorePath)
+	var externalURL string
+	a.Flag("web.external-url", "The URL under which browsers reach the remediator, when it is not the listen address (a proxy, a DNS name), e.g. https://gpu-17.example.com:10836. State-changing requests (the webhook, the breaker reset) from a browser page are accepted from this origin and the request's own only; with --web.ui.open, /actions is served under this name, the listen address's, IP addresses and localhost only (a defence against DNS rebinding).").StringVar(&externalURL)
 	a.Flag("web.ui.open", "Serve the /actions page (who leaks most, the latest actions, the breaker) without authentication, for a trusted network. Without it the page needs the API's bearer token or client certificate.").BoolVar(&o.UIOpen)
 	cli.DurationVar(a.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s"), &o.Interval)
 	backend := cli.AddBackendFlags(a)
@@ -81,6 +84,14 @@ func run() int {
 		return 2
 	}
 	o.MaxBodyBytes = int64(min(maxBody, math.MaxInt64))
+	if externalURL != "" {
+		u, err := url.Parse(externalURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: invalid --web.external-url %q: want an absolute http or https URL, e.g. https://gpu-17.example.com:10836\n", externalURL)
+			return 2
+		}
+		o.ExternalURL = u
+	}
 	o.Backend = *backend
 	o.Decide = remediation.DecideConfig()
 	o.Act, o.Grace, o.VerifyTimeout = remediation.Act, remediation.Grace, remediation.VerifyTimeout

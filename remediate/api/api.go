@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -50,14 +51,24 @@ type Config struct {
 	// Ready reports whether the remediator can take work now.
 	Ready  func() error
 	Status func(ctx context.Context) Status
-	Logger *slog.Logger
+	// ExternalURL is the URL browsers use to reach the remediator
+	// (--web.external-url), if another than the request's own: an origin
+	// that may send state-changing requests.
+	ExternalURL *url.URL
+	Logger      *slog.Logger
 }
 
 // NewRouter returns the remediator's router.
 func NewRouter(cfg Config) (http.Handler, error) {
 	r := mux.NewRouter()
 	authed := r.PathPrefix("/api/v1").Subrouter()
-	authed.Use(cfg.Auth.Wrap)
+	// Authenticated requests from another site are refused too: a
+	// browser attaches a client certificate to a form another site submits.
+	sameSite, err := cfg.Auth.RefuseCrossSite(cfg.ExternalURL)
+	if err != nil {
+		return nil, err
+	}
+	authed.Use(cfg.Auth.Wrap, sameSite)
 	authed.Handle("/alerts", cfg.Webhook).Methods(http.MethodPost)
 	authed.HandleFunc("/actions", cfg.listActions).Methods(http.MethodGet)
 	authed.HandleFunc("/actions/{id}", cfg.getAction).Methods(http.MethodGet)

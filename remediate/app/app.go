@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -64,6 +66,11 @@ type Options struct {
 	// UIOpen serves the /actions page without authentication, for a
 	// trusted network; otherwise it is behind the API's.
 	UIOpen bool
+	// ExternalURL is the URL browsers use to reach the remediator, when
+	// another than its listen address (a proxy, a DNS name): the origin
+	// allowed to send state-changing requests besides the request's own,
+	// and with UIOpen a name the page is served under.
+	ExternalURL *url.URL
 
 	// The node's cleanup.
 	Backend cli.Backend
@@ -155,6 +162,12 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Role == RoleDispatcher && o.Dispatch.TokenFile != "" {
+		// The agents refuse a short or example token; say so at start.
+		if _, err := intake.ReadTokenFile("--dispatch.token-file", o.Dispatch.TokenFile); err != nil {
+			return err
+		}
+	}
 	if o.Auth.InsecureNone {
 		logger.Warn("Authentication is OFF (--auth.insecure-none): anyone who reaches this port can trigger cleanups")
 	}
@@ -208,7 +221,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.classify, Reject: r.reject, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
 		Resolved: r.resolved, Metrics: metrics, Logger: logger})
 	router, err := api.NewRouter(api.Config{
-		Webhook: webhook, Auth: auth, Store: st, Breaker: r.breaker, Registry: reg, Logger: logger,
+		Webhook: webhook, Auth: auth, Store: st, Breaker: r.breaker, Registry: reg, Logger: logger, ExternalURL: o.ExternalURL,
 		Ready: func() error {
 			if err := eng.StoreErr(); err != nil {
 				return fmt.Errorf("audit store: %w", err)
@@ -231,7 +244,11 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	if err != nil {
 		return err
 	}
-	page := ui.Handler(ui.Config{Store: st, Breaker: r.breaker, Role: string(o.Role), Logger: logger})
+	uiConfig := ui.Config{Store: st, Breaker: r.breaker, Role: string(o.Role), Logger: logger}
+	if o.UIOpen {
+		uiConfig.Hosts = webHosts(o)
+	}
+	page := ui.Handler(uiConfig)
 	if !o.UIOpen {
 		page = auth.Wrap(page)
 	}
@@ -270,4 +287,22 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 		return err
 	}
 	return nil
+}
+
+// webHosts are the names the open /actions page is served under: the
+// external URL's host and the listen addresses' (ui.Handler adds IP
+// addresses and localhost).
+func webHosts(o Options) []string {
+	hosts := []string{}
+	if o.ExternalURL != nil && o.ExternalURL.Hostname() != "" {
+		hosts = append(hosts, o.ExternalURL.Hostname())
+	}
+	if o.Web != nil && o.Web.WebListenAddresses != nil {
+		for _, a := range *o.Web.WebListenAddresses {
+			if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
+				hosts = append(hosts, h)
+			}
+		}
+	}
+	return hosts
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -29,11 +28,17 @@ type Auth struct {
 	failRate  rate.Limit
 	failBurst int
 	mu        sync.Mutex
-	failures  map[string]*rate.Limiter
-	lastSweep time.Time
+	// failures holds a budget per source, at most maxSources of them;
+	// sources beyond share overflow.
+	failures   map[string]*rate.Limiter
+	maxSources int
+	overflow   *rate.Limiter
+	lastSweep  time.Time
 
 	metrics *remediate.Metrics
 	logger  *slog.Logger
+	// warn logs rejected requests, a few per interval and then a count.
+	warn *throttledLog
 }
 
 // AuthConfig configures Auth.
@@ -45,12 +50,33 @@ type AuthConfig struct {
 	// FailuresPerMinute and FailureBurst bound wrong tokens per source.
 	FailuresPerMinute float64
 	FailureBurst      int
+	// MaxSources bounds the sources whose failures are counted one by
+	// one (default DefaultMaxSources); the failures of sources beyond
+	// share one budget, so that a scan from many addresses cannot grow
+	// the table.
+	MaxSources int
 }
+
+// DefaultMaxSources is AuthConfig.MaxSources's default: a few hundred
+// kilobytes of failure budgets.
+const DefaultMaxSources = 4096
+
+// The warnings about rejected requests: at most warnBurst lines per
+// warnInterval, then one line with the count of the others.
+const (
+	warnInterval = time.Minute
+	warnBurst    = 10
+)
+
+// sweepEvery is how often budgets that are full again are forgotten; a
+// full table is swept at most once a second.
+const sweepEvery = time.Minute
 
 // NewAuth reads the token file. Without a token, callers must present a
 // verified client certificate, unless InsecureNone is set.
 func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, error) {
-	a := &Auth{insecure: cfg.InsecureNone, failures: map[string]*rate.Limiter{}, metrics: m, logger: logger}
+	a := &Auth{insecure: cfg.InsecureNone, failures: map[string]*rate.Limiter{}, maxSources: cfg.MaxSources, metrics: m, logger: logger,
+		warn: newThrottledLog(logger, warnInterval, warnBurst)}
 	a.failRate = rate.Limit(cfg.FailuresPerMinute / 60)
 	a.failBurst = cfg.FailureBurst
 	if a.failBurst <= 0 {
@@ -59,14 +85,14 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 	if cfg.FailuresPerMinute <= 0 {
 		a.failRate = rate.Limit(10.0 / 60)
 	}
+	if a.maxSources <= 0 {
+		a.maxSources = DefaultMaxSources
+	}
+	a.overflow = rate.NewLimiter(a.failRate, a.failBurst)
 	if cfg.TokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenFile)
+		tok, err := ReadTokenFile("--auth.token-file", cfg.TokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("reading --auth.token-file: %w", err)
-		}
-		tok := strings.TrimSpace(string(b))
-		if len(tok) < 16 {
-			return nil, fmt.Errorf("the token in %s is %d characters long: use at least 16 (for example: head -c 32 /dev/urandom | base64)", cfg.TokenFile, len(tok))
+			return nil, err
 		}
 		a.tokenSum, a.hasToken = sha256.Sum256([]byte(tok)), true
 	}
@@ -101,7 +127,7 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		a.metrics.AuthFailures.Inc()
 		a.metrics.Requests.WithLabelValues("401").Inc()
 		a.recordFailure(source)
-		a.logger.Warn("Rejected unauthenticated request", "remote", source, "path", r.URL.Path)
+		a.warn.Warn("Rejected unauthenticated request", "remote", source, "path", r.URL.Path)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="gpu-orphan-remediator"`)
 		httpError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 	})
@@ -127,20 +153,25 @@ func (a *Auth) tokenOK(r *http.Request) bool {
 }
 
 // blocked reports whether source has used up its failure budget, without
-// spending any of it.
+// spending any of it. A source without a budget of its own, while the
+// table is full, has the shared one.
 func (a *Auth) blocked(source string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.failures[source]
-	return ok && l.Tokens() < 1
+	if l, ok := a.failures[budgetKey(source)]; ok {
+		return l.Tokens() < 1
+	}
+	return len(a.failures) >= a.maxSources && a.overflow.Tokens() < 1
 }
 
 func (a *Auth) recordFailure(source string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	if now.Sub(a.lastSweep) > 10*time.Minute {
-		// Forget sources whose budget is full again, so the map stays small.
+	key := budgetKey(source)
+	l, ok := a.failures[key]
+	if !ok && (now.Sub(a.lastSweep) > sweepEvery || len(a.failures) >= a.maxSources && now.Sub(a.lastSweep) > time.Second) {
+		// Forget sources whose budget is full again.
 		for k, l := range a.failures {
 			if l.TokensAt(now) >= float64(a.failBurst) {
 				delete(a.failures, k)
@@ -148,12 +179,28 @@ func (a *Auth) recordFailure(source string) {
 		}
 		a.lastSweep = now
 	}
-	l, ok := a.failures[source]
-	if !ok {
+	switch {
+	case ok:
+	case len(a.failures) < a.maxSources:
 		l = rate.NewLimiter(a.failRate, a.failBurst)
-		a.failures[source] = l
+		a.failures[key] = l
+	default:
+		// Every source counted is still failing: the others share one
+		// budget. It blocks their wrong tokens sooner, never a correct
+		// credential.
+		l = a.overflow
 	}
 	l.AllowN(now, 1)
+}
+
+// budgetKey is the failure budget's key of a source: the address, but an
+// IPv6 address's /64, which one host usually has whole.
+func budgetKey(source string) string {
+	ip := net.ParseIP(source)
+	if ip == nil || ip.To4() != nil {
+		return source
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 func sourceOf(r *http.Request) string {

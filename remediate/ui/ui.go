@@ -5,10 +5,13 @@ package ui
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/base64"
 	"fmt"
 	"html/template"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -39,7 +42,14 @@ type Config struct {
 	Store   *store.Store
 	Breaker Breaker
 	// Role names the remediator's role on the page: node or dispatcher.
-	Role   string
+	Role string
+	// Hosts, when not nil, are the names under which the page is served
+	// (from --web.external-url and the listen addresses): a request whose
+	// Host is another name gets 403, unless it is an IP address or
+	// localhost. A page served without authentication needs it: through
+	// DNS rebinding, another site's script reads the page under that
+	// site's name.
+	Hosts  []string
 	Logger *slog.Logger
 	now    func() time.Time
 }
@@ -85,6 +95,13 @@ func Handler(cfg Config) http.Handler {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		setSecurityHeaders(w.Header())
+		if cfg.Hosts != nil && !hostAllowed(r.Host, cfg.Hosts) {
+			cfg.Logger.Debug("Refused /actions for a foreign Host", "host", r.Host, "remote", r.RemoteAddr)
+			http.Error(w, fmt.Sprintf("Host %q is not a name of this remediator: give its URL as --web.external-url to serve the page under it", r.Host),
+				http.StatusForbidden)
+			return
+		}
 		q := r.URL.Query()
 		by, err := report.ParseBy(orDefault(q.Get("by"), string(report.ByUser)))
 		if err != nil {
@@ -149,4 +166,51 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// styleHash is the CSP hash of the page's one inline <style> element.
+var styleHash = func() string {
+	b, err := files.ReadFile("actions.html")
+	if err != nil {
+		panic(err)
+	}
+	_, rest, ok1 := strings.Cut(string(b), "<style>")
+	css, _, ok2 := strings.Cut(rest, "</style>")
+	if !ok1 || !ok2 {
+		panic("actions.html has no <style> element")
+	}
+	sum := sha256.Sum256([]byte(css))
+	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}()
+
+// setSecurityHeaders: the page loads nothing, runs no script, submits no
+// form and may not be framed; only its own inline style applies.
+func setSecurityHeaders(h http.Header) {
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src "+styleHash+"; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+}
+
+// hostAllowed reports whether host, a request's Host header, names the
+// remediator: an IP address (DNS rebinding needs a name), localhost, or
+// one of names. Ports are not compared.
+func hostAllowed(host string, names []string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+	if name == "" {
+		return false
+	}
+	if net.ParseIP(name) != nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	for _, n := range names {
+		if strings.EqualFold(strings.TrimSuffix(n, "."), name) {
+			return true
+		}
+	}
+	return false
 }
