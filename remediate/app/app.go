@@ -124,6 +124,10 @@ type Kubernetes struct {
 	Kubeconfig string
 	// SyncTimeout bounds the first list at start-up.
 	SyncTimeout time.Duration
+	// Lease, when set, is the Lease in Namespace where the dispatcher
+	// replicas keep the fleet limit's window together (package
+	// dispatch/lease); it needs no Service.
+	Lease string
 }
 
 // role is one role, wired: what executes claimed actions, which alerts to

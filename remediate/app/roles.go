@@ -118,12 +118,16 @@ func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, reg pr
 		}
 		found = kube
 	}
+	shared, err := sharedWindow(ctx, o, fleet, logger)
+	if err != nil {
+		return nil, err
+	}
 	// The store opens after the checks; the dispatcher reads the alerts'
 	// labels from it, to forward them as received.
 	var labelStore *store.Store
 	d, err := dispatch.New(dispatch.Config{
 		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Discovery: found, Token: token,
-		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, NodeLabel: o.NodeLabel,
+		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, Shared: shared, NodeLabel: o.NodeLabel,
 		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger,
 		Labels: func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
 			return labelStore.AlertLabels(ctx, fingerprint, startsAt)

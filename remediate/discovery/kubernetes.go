@@ -87,6 +87,8 @@ type Kubernetes struct {
 	// rebuildMu orders rebuilds: one from the informer's handler, one
 	// after the first sync.
 	rebuildMu sync.Mutex
+	// warned is what the last rebuild ignored, and logged; under rebuildMu.
+	warned map[string]bool
 }
 
 // agent is the agent that discovery picked for one node.
@@ -123,16 +125,10 @@ func New(cfg Config) (*Kubernetes, error) {
 		return nil, err
 	}
 	cfg.Namespace = ns
-	var rc *rest.Config
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := ClientConfig(cfg.Kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes discovery: the API server's configuration (in-cluster, or --dispatch.kubernetes.kubeconfig): %w", err)
+		return nil, fmt.Errorf("kubernetes discovery: %w", err)
 	}
-	rc.UserAgent = "gpu-orphan-remediator (dispatcher)"
 	k := &Kubernetes{cfg: cfg, restConfig: rc}
 	k.agents.Store(&map[string]agent{})
 	k.discovered = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gpu_orphan", Subsystem: "dispatcher", Name: "discovered_agents",
@@ -143,6 +139,34 @@ func New(cfg Config) (*Kubernetes, error) {
 		}
 	}
 	return k, nil
+}
+
+// ClientConfig is the API server's configuration: from kubeconfig, a
+// file, or else the pod's own (in-cluster).
+func ClientConfig(kubeconfig string) (*rest.Config, error) {
+	var (
+		rc  *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the API server's configuration (in-cluster, or --dispatch.kubernetes.kubeconfig): %w", err)
+	}
+	rc.UserAgent = "gpu-orphan-remediator (dispatcher)"
+	return rc, nil
+}
+
+// Namespace is flag, when set, or else the pod's own namespace, read
+// from file (ServiceAccountNamespaceFile when empty).
+func Namespace(flag, file string) (string, error) {
+	if file == "" {
+		file = ServiceAccountNamespaceFile
+	}
+	return namespace(flag, file)
 }
 
 // namespace is the flag's value, or else the pod's own namespace.
@@ -280,7 +304,17 @@ func (k *Kubernetes) rebuild(objs []any) {
 			eps = append(eps, s)
 		}
 	}
-	next := pickAgents(eps, k.cfg.Service, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger)
+	// What is ignored is logged once per version of its slice, not on
+	// every change of another.
+	warned := map[string]bool{}
+	next := pickAgents(eps, k.cfg.Service, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger, func(s *discoveryv1.EndpointSlice, msg string, args ...any) {
+		key := s.Namespace + "/" + s.Name + "@" + s.ResourceVersion + ": " + fmt.Sprint(args...)
+		warned[key] = true
+		if !k.warned[key] {
+			k.cfg.Logger.Warn(msg, args...)
+		}
+	})
+	k.warned = warned
 	prev := *k.agents.Load()
 	var added, removed, changed []string
 	for node, a := range next {
@@ -317,12 +351,18 @@ func (k *Kubernetes) rebuild(objs []any) {
 // slice that the EndpointSlice controller made for service. A node with
 // several ready endpoints gets the lowest address, so that every
 // dispatcher replica picks the same one.
-func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme string, logger *slog.Logger) map[string]agent {
+// What it ignores it passes to ignore, with the slice, a message and
+// attributes for the log.
+func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme string, logger *slog.Logger,
+	ignore func(s *discoveryv1.EndpointSlice, msg string, args ...any)) map[string]agent {
+	if ignore == nil {
+		ignore = func(*discoveryv1.EndpointSlice, string, ...any) {}
+	}
 	candidates := map[string][]string{} // node → addresses
 	ports := map[string]map[string]int32{}
 	for _, s := range eps {
 		if why := foreign(s, service); why != "" {
-			logger.Warn("Ignoring an EndpointSlice that the EndpointSlice controller did not make for the agents' Service: it names no agent",
+			ignore(s, "Ignoring an EndpointSlice that the EndpointSlice controller did not make for the agents' Service: it names no agent",
 				"slice", s.Namespace+"/"+s.Name, "why", why)
 			continue
 		}
@@ -343,8 +383,8 @@ func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme stri
 				logger.Debug("Ignoring an endpoint without nodeName", "slice", s.Name, "address", e.Addresses[0])
 				continue
 			}
-			if r := e.TargetRef; r == nil || r.Kind != "Pod" || r.Name == "" || (r.Namespace != "" && r.Namespace != s.Namespace) {
-				logger.Warn("Ignoring an endpoint that points at no Pod of the agents' namespace", "slice", s.Name,
+			if r := e.TargetRef; r == nil || r.Kind != "Pod" || r.Name == "" || r.Namespace != s.Namespace {
+				ignore(s, "Ignoring an endpoint that points at no Pod of the agents' namespace", "slice", s.Namespace+"/"+s.Name,
 					"node", *e.NodeName, "address", e.Addresses[0], "target", targetString(r))
 				continue
 			}

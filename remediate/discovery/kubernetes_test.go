@@ -80,7 +80,7 @@ func TestPickAgents(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := map[string]string{}
-			for node, a := range pickAgents(tc.slices, service, "remediator", tc.scheme, slog.New(slog.DiscardHandler)) {
+			for node, a := range pickAgents(tc.slices, service, "remediator", tc.scheme, slog.New(slog.DiscardHandler), nil) {
 				got[node] = a.url
 			}
 			if !maps.Equal(got, tc.want) {

@@ -6,6 +6,12 @@
 // client-go asks for first: initial ADDED events ending in a bookmark). A
 // test changes the slices while watches are open, and can take the RBAC
 // permission away (403 with a Status, as the API server answers).
+//
+// It also serves coordination.k8s.io/v1 Leases of that namespace: get,
+// create (409 AlreadyExists when it exists) and update, which is refused
+// with 409 Conflict unless it carries the Lease's current
+// resourceVersion, the compare-and-swap that leader election and shared
+// state build on.
 package kubeapi
 
 import (
@@ -22,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +53,11 @@ type Server struct {
 	delay     time.Duration
 	lists     int
 	watches   int
+
+	leases         map[string]*coordinationv1.Lease
+	leasesDenied   bool
+	leaseWrites    int
+	leaseConflicts int
 }
 
 type event struct {
@@ -70,12 +82,16 @@ func Delay(d time.Duration) Option { return func(s *Server) { s.delay = d } }
 // Start starts a server for namespace, closed at the test's cleanup.
 func Start(t testing.TB, namespace string, opts ...Option) *Server {
 	t.Helper()
-	s := &Server{namespace: namespace, slices: map[string]*discoveryv1.EndpointSlice{}, changed: make(chan struct{}), rv: 100}
+	s := &Server{namespace: namespace, slices: map[string]*discoveryv1.EndpointSlice{}, changed: make(chan struct{}), rv: 100,
+		leases: map[string]*coordinationv1.Lease{}}
 	for _, o := range opts {
 		o(s)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", s.serveSlices)
+	mux.HandleFunc("GET /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", s.getLease)
+	mux.HandleFunc("POST /apis/coordination.k8s.io/v1/namespaces/{ns}/leases", s.createLease)
+	mux.HandleFunc("PUT /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", s.updateLease)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, "NotFound", "the test API server does not serve "+r.URL.Path)
 	})
@@ -340,6 +356,127 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, selector labels.S
 			return
 		}
 	}
+}
+
+// ForbidLeases makes every Lease request answer 403, as without RBAC for
+// leases, or serve again.
+func (s *Server) ForbidLeases(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leasesDenied = on
+}
+
+// Lease returns a copy of the Lease called name, or nil.
+func (s *Server) Lease(name string) *coordinationv1.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.leases[name]; ok {
+		return l.DeepCopy()
+	}
+	return nil
+}
+
+// LeaseWrites is how many creates and updates of Leases succeeded, and
+// how many were refused as conflicts (a stale resourceVersion, or a
+// create of one that exists).
+func (s *Server) LeaseWrites() (writes, conflicts int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaseWrites, s.leaseConflicts
+}
+
+// leaseAccess answers 403 or 404 as the API server would, and reports
+// whether the request may go on; s.mu is held.
+func (s *Server) leaseAccessLocked(w http.ResponseWriter, r *http.Request, verb string) bool {
+	if s.leasesDenied {
+		writeStatus(w, http.StatusForbidden, "Forbidden", fmt.Sprintf(`leases.coordination.k8s.io is forbidden: User "system:serviceaccount:%s:gpu-orphan-dispatcher" cannot %s resource "leases" in API group "coordination.k8s.io" in the namespace "%s"`,
+			s.namespace, verb, r.PathValue("ns")))
+		return false
+	}
+	if r.PathValue("ns") != s.namespace {
+		writeStatus(w, http.StatusNotFound, "NotFound", "the test API server serves leases of namespace "+s.namespace+" only")
+		return false
+	}
+	return true
+}
+
+func (s *Server) getLease(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.leaseAccessLocked(w, r, "get") {
+		return
+	}
+	l, ok := s.leases[r.PathValue("name")]
+	if !ok {
+		writeStatus(w, http.StatusNotFound, "NotFound", fmt.Sprintf(`leases.coordination.k8s.io %q not found`, r.PathValue("name")))
+		return
+	}
+	writeJSON(w, l)
+}
+
+// readLease decodes a Lease from the request body.
+func readLease(w http.ResponseWriter, r *http.Request) (*coordinationv1.Lease, bool) {
+	var l coordinationv1.Lease
+	if err := json.NewDecoder(r.Body).Decode(&l); err != nil || l.Name == "" {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", fmt.Sprintf("a Lease with a name: %v", err))
+		return nil, false
+	}
+	return &l, true
+}
+
+func (s *Server) createLease(w http.ResponseWriter, r *http.Request) {
+	l, ok := readLease(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.leaseAccessLocked(w, r, "create") {
+		return
+	}
+	if _, exists := s.leases[l.Name]; exists {
+		s.leaseConflicts++
+		writeStatus(w, http.StatusConflict, "AlreadyExists", fmt.Sprintf(`leases.coordination.k8s.io %q already exists`, l.Name))
+		return
+	}
+	s.rv++
+	l.Namespace, l.ResourceVersion = s.namespace, strconv.FormatInt(s.rv, 10)
+	l.UID = types.UID("uid-lease-" + l.Name)
+	l.CreationTimestamp = metav1.NewTime(time.Now().Truncate(time.Second))
+	l.TypeMeta = metav1.TypeMeta{Kind: "Lease", APIVersion: "coordination.k8s.io/v1"}
+	s.leases[l.Name] = l.DeepCopy()
+	s.leaseWrites++
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(l)
+}
+
+func (s *Server) updateLease(w http.ResponseWriter, r *http.Request) {
+	l, ok := readLease(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.leaseAccessLocked(w, r, "update") {
+		return
+	}
+	old, exists := s.leases[r.PathValue("name")]
+	if !exists || l.Name != r.PathValue("name") {
+		writeStatus(w, http.StatusNotFound, "NotFound", fmt.Sprintf(`leases.coordination.k8s.io %q not found`, r.PathValue("name")))
+		return
+	}
+	if l.ResourceVersion != "" && l.ResourceVersion != old.ResourceVersion {
+		s.leaseConflicts++
+		writeStatus(w, http.StatusConflict, "Conflict", fmt.Sprintf(`Operation cannot be fulfilled on leases.coordination.k8s.io %q: the object has been modified; please apply your changes to the latest version and try again`, l.Name))
+		return
+	}
+	s.rv++
+	l.Namespace, l.ResourceVersion, l.UID, l.CreationTimestamp = s.namespace, strconv.FormatInt(s.rv, 10), old.UID, old.CreationTimestamp
+	l.TypeMeta = metav1.TypeMeta{Kind: "Lease", APIVersion: "coordination.k8s.io/v1"}
+	s.leases[l.Name] = l.DeepCopy()
+	s.leaseWrites++
+	writeJSON(w, l)
 }
 
 type watchEvent struct {

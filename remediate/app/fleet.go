@@ -1,0 +1,44 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
+	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
+	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch/lease"
+	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+)
+
+// sharedWindow is the fleet limit's window that the dispatcher replicas
+// keep together in a Lease (--dispatch.kubernetes.lease), checked before
+// the store is created; nil without it, when each replica keeps its own.
+func sharedWindow(ctx context.Context, o Options, fleet *limits.Fleet, logger *slog.Logger) (dispatch.SharedWindow, error) {
+	k := o.Dispatch.Kubernetes
+	if k.Lease == "" {
+		return nil, nil
+	}
+	ns, err := discovery.Namespace(k.Namespace, "")
+	if err != nil {
+		return nil, err
+	}
+	rc, err := discovery.ClientConfig(k.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	identity, err := os.Hostname() // the pod's name
+	if err != nil {
+		identity = "unknown"
+	}
+	w, err := lease.New(lease.Config{Namespace: ns, Name: k.Lease, Identity: identity, RESTConfig: rc, Fleet: fleet,
+		Timeout: o.Dispatch.Timeout, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Check(ctx); err != nil {
+		return nil, err
+	}
+	logger.Info("The fleet limit's window is shared with the other dispatcher replicas", "lease", ns+"/"+k.Lease, "identity", identity)
+	return w, nil
+}
