@@ -271,18 +271,18 @@ func writePlan(w io.Writer, p decide.Plan, act bool) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  PID\tPPID\tPGID\tSID\tUSER\tCOMMAND\tREASON\tWHOLE GROUP")
 		for _, t := range p.Targets {
-			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%v\n", t.PID, t.PPID, t.PGID, t.SID, t.User, truncate(t.Command, 40), t.Reason, t.WholeGroup)
+			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%v\n", t.PID, t.PPID, t.PGID, t.SID, esc(t.User), truncate(esc(t.Command), 40), t.Reason, t.WholeGroup)
 		}
 		tw.Flush()
 	}
 	for _, n := range p.Notes {
-		fmt.Fprintf(w, "  note: %s\n", n)
+		fmt.Fprintf(w, "  note: %s\n", esc(n))
 	}
 	if len(p.Excluded) > 0 {
 		fmt.Fprintln(w, "\nLeft alone:")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, e := range p.Excluded {
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", e.PID, e.User, truncate(e.Command, 40), e.Why)
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", e.PID, esc(e.User), truncate(esc(e.Command), 40), esc(string(e.Why)))
 		}
 		tw.Flush()
 	}
@@ -291,7 +291,7 @@ func writePlan(w io.Writer, p decide.Plan, act bool) {
 func writeResult(w io.Writer, a remediate.Action) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, t := range a.Targets {
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", t.PID, t.Outcome, strings.Join(t.Signals, ","), t.Error)
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", t.PID, t.Outcome, strings.Join(t.Signals, ","), esc(t.Error))
 	}
 	tw.Flush()
 	switch a.State {

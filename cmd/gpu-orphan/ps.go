@@ -11,15 +11,17 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 )
 
 func runPS(logger *slog.Logger, backend *cli.Backend, output, exporterURL string) int {
 	node, err := backend.Open(logger)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %s\n", esc(err.Error()))
 		return 1
 	}
 	defer node.Driver.Close()
@@ -58,7 +60,7 @@ func unreadableWarning(n int) string {
 func writeTable(w io.Writer, r Report) {
 	for _, src := range r.Sources {
 		if src.Error != "" {
-			fmt.Fprintf(w, "ERROR: source %s failed: %s\n", src.Name, src.Error)
+			fmt.Fprintf(w, "ERROR: source %s failed: %s\n", esc(src.Name), esc(src.Error))
 		}
 	}
 	unreadable := r.FDScanUnreadableProcesses
@@ -72,17 +74,17 @@ func writeTable(w io.Writer, r Report) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "GPU %d  %s  %s", g.Index, g.Name, g.UUID)
+		fmt.Fprintf(w, "GPU %d  %s  %s", g.Index, esc(g.Name), esc(g.UUID))
 		if g.MIGInstance != "" {
-			fmt.Fprintf(w, "  MIG %s", g.MIGInstance)
+			fmt.Fprintf(w, "  MIG %s", esc(g.MIGInstance))
 		}
-		fmt.Fprintf(w, "  (%s)\n", g.DevicePath)
+		fmt.Fprintf(w, "  (%s)\n", esc(g.DevicePath))
 		if g.Error != "" {
-			fmt.Fprintf(w, "  cannot read: %s\n", g.Error)
+			fmt.Fprintf(w, "  cannot read: %s\n", esc(g.Error))
 			continue
 		}
 		if g.Unsupported != "" {
-			fmt.Fprintf(w, "  accounting unsupported (%s): numbers withheld\n", g.Unsupported)
+			fmt.Fprintf(w, "  accounting unsupported (%s): numbers withheld\n", esc(g.Unsupported))
 			continue
 		}
 		fmt.Fprintf(w, "  used %s   owned by live processes %s   owned by dead PIDs %s   unattributed %s   NO LIVE OWNER %s\n",
@@ -90,12 +92,12 @@ func writeTable(w io.Writer, r Report) {
 		if len(g.Owners) > 0 {
 			var owners []string
 			for _, o := range g.Owners {
-				owners = append(owners, fmt.Sprintf("%d %s (%s)", o.PID, mib(o.UsedBytes), ownerState(o)))
+				owners = append(owners, fmt.Sprintf("%d %s (%s)", o.PID, mib(o.UsedBytes), esc(ownerState(o))))
 			}
 			fmt.Fprintf(w, "  NVML lists: %s\n", strings.Join(owners, ", "))
 			for _, o := range g.Owners {
 				if o.DeadOwner != nil {
-					fmt.Fprintf(w, "  left by %s\n", describeDeadOwner(o.PID, o.DeadOwner))
+					fmt.Fprintf(w, "  left by %s\n", esc(describeDeadOwner(o.PID, o.DeadOwner)))
 				}
 			}
 		}
@@ -121,7 +123,8 @@ func writeTable(w io.Writer, r Report) {
 			if where == "" {
 				where = "-"
 			}
-			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", h.PID, h.PPID, h.PGID, h.SID, h.User, truncate(h.Command, 40), where, h.Reason, proofText(h))
+			fmt.Fprintf(tw, "  %d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", h.PID, h.PPID, h.PGID, h.SID, esc(h.User), truncate(esc(h.Command), 40),
+				esc(where), esc(h.Reason), esc(proofText(h)))
 		}
 		tw.Flush()
 		if slices.ContainsFunc(g.Suspects, func(h ReportHolder) bool { return h.Reason == snapshot.ReasonUnexplained }) {
@@ -137,8 +140,15 @@ func writeTable(w io.Writer, r Report) {
 		fmt.Fprintf(w, "\nnote: a security policy hides the descriptors of %s %s even from CAP_SYS_PTRACE; they were not scanned.\n",
 			pids, strings.Trim(fmt.Sprint(r.FDScanShieldedPIDs), "[]"))
 	}
-	fmt.Fprintf(w, "\n(%s, %s)\n", r.Driver, r.Taken.Format(time.RFC3339))
+	fmt.Fprintf(w, "\n(%s, %s)\n", esc(r.Driver), r.Taken.Format(time.RFC3339))
 }
+
+// esc escapes the control characters of a field printed to a terminal: a
+// process can name itself with escape sequences that rewrite what the
+// table says (its own row read "no suspect holders"). Every string that
+// /proc, NVML, the exporter or an error brought in goes through it; JSON
+// output is escaped by its encoder.
+func esc(s string) string { return termsafe.Escape(s) }
 
 // ownerState says whether a listed PID is its memory's live owner. A live
 // process under a dead owner's PID is named, and is not the owner.
@@ -172,9 +182,12 @@ func proofText(h ReportHolder) string {
 
 func mib(b uint64) string { return fmt.Sprintf("%d MiB", b>>20) }
 
+// truncate cuts s to n characters, the last an ellipsis; never inside a
+// character.
 func truncate(s string, n int) string {
-	if len(s) <= n {
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	return s[:n-1] + "…"
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
 }

@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 )
 
 // Formats are the output formats of Write.
@@ -46,12 +48,14 @@ func writeTable(w io.Writer, r Report) error {
 	head := strings.ToUpper(string(r.By))
 	width := utf8.RuneCountInString(head)
 	for _, row := range r.Rows {
-		width = max(width, utf8.RuneCountInString(row.Key))
+		width = max(width, utf8.RuneCountInString(termsafe.Escape(row.Key)))
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%-*s\tEVENTS\tGIB·HOURS\tFREED\tLAST\t\n", width, head)
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t\n", width, row.Key, row.Events, gibHours(row.GiBHours), humanBytes(row.FreedBytes),
+		// Keys are names that users and processes chose (a comm, a user
+		// name): their control characters are escaped, as in gpu-orphan ps.
+		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t\n", width, termsafe.Escape(row.Key), row.Events, gibHours(row.GiBHours), humanBytes(row.FreedBytes),
 			row.Last.UTC().Format("2006-01-02 15:04:05"))
 	}
 	return tw.Flush()
@@ -63,7 +67,7 @@ func writeCSV(w io.Writer, r Report) error {
 		return err
 	}
 	for _, row := range r.Rows {
-		if err := cw.Write([]string{row.Key, strconv.Itoa(row.Events), strconv.FormatFloat(row.GiBHours, 'g', -1, 64),
+		if err := cw.Write([]string{termsafe.Escape(row.Key), strconv.Itoa(row.Events), strconv.FormatFloat(row.GiBHours, 'g', -1, 64),
 			strconv.FormatUint(row.FreedBytes, 10), row.Last.UTC().Format(time.RFC3339)}); err != nil {
 			return err
 		}
