@@ -60,7 +60,10 @@ type chartValues struct {
 		HostPort     int32               `json:"hostPort"`
 	} `json:"node"`
 	Dispatcher struct {
-		Replicas  int32 `json:"replicas"`
+		Replicas     int32 `json:"replicas"`
+		SharedLimits struct {
+			Enabled bool `json:"enabled"`
+		} `json:"sharedLimits"`
 		Discovery struct {
 			Enabled bool   `json:"enabled"`
 			Scheme  string `json:"scheme"`
@@ -566,7 +569,8 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 	sa := find[corev1.ServiceAccount](objs, spec.ServiceAccountName)
 
 	// The Roles bound to the dispatcher grant list and watch on
-	// EndpointSlices, nothing more, and only with discovery on.
+	// EndpointSlices with discovery on, its own Lease with shared limits
+	// on, and nothing more.
 	var grants []rbacv1.PolicyRule
 	for _, rb := range all[rbacv1.RoleBinding](objs) {
 		if !slices.ContainsFunc(rb.Subjects, func(s rbacv1.Subject) bool {
@@ -585,23 +589,39 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 		t.Errorf("%d ClusterRoles or ClusterRoleBindings; the chart needs none", n)
 	}
 	service, hasService := flagValue(d.Args, "dispatch.kubernetes.service")
+	lease, hasLease := flagValue(d.Args, "dispatch.kubernetes.lease")
 	targetsFile, hasTargets := flagValue(d.Args, "dispatch.targets-file")
+	var want []rbacv1.PolicyRule
 	if v.Dispatcher.Discovery.Enabled {
-		want := []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}}
-		if !reflect.DeepEqual(grants, want) {
-			t.Errorf("dispatcher RBAC: %+v, want exactly %+v", grants, want)
-		}
-		if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || sa == nil || sa.AutomountServiceAccountToken == nil || !*sa.AutomountServiceAccountToken {
-			t.Error("dispatcher: discovery needs the service account's token mounted")
-		}
+		want = append(want, rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}})
 		checkAgentsService(t, r, objs, d.Args, service, hasService)
+	} else if hasService {
+		t.Errorf("dispatcher: discovery is off, but --dispatch.kubernetes.service=%q", service)
+	}
+	// Shared limits: the replicas keep one fleet window in a Lease of
+	// their namespace; more than one replica without it would exceed the
+	// fleet limit together.
+	if v.Dispatcher.SharedLimits.Enabled {
+		if ns, _ := flagValue(d.Args, "dispatch.kubernetes.namespace"); !hasLease || lease != dep.Name || ns != r.namespace {
+			t.Errorf("dispatcher: --dispatch.kubernetes.lease=%q (set: %v) in namespace %q, want the Lease %s in %s", lease, hasLease, ns, dep.Name, r.namespace)
+		}
+		want = append(want,
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+			rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{lease}, Verbs: []string{"get", "update"}})
 	} else {
-		if len(grants) > 0 || hasService {
-			t.Errorf("dispatcher: discovery is off, but RBAC %v and --dispatch.kubernetes.service=%q", grants, service)
+		if hasLease {
+			t.Errorf("dispatcher: shared limits are off, but --dispatch.kubernetes.lease=%q", lease)
 		}
-		if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-			t.Error("dispatcher: without discovery it mounts no API token")
+		if v.Dispatcher.Replicas > 1 {
+			t.Errorf("dispatcher: %d replicas without shared limits would each keep a fleet limit", v.Dispatcher.Replicas)
 		}
+	}
+	if !reflect.DeepEqual(grants, want) {
+		t.Errorf("dispatcher RBAC: %+v, want exactly %+v", grants, want)
+	}
+	mounted := spec.AutomountServiceAccountToken != nil && *spec.AutomountServiceAccountToken && sa != nil && sa.AutomountServiceAccountToken != nil && *sa.AutomountServiceAccountToken
+	if needed := len(want) > 0; mounted != needed {
+		t.Errorf("dispatcher: the API token mounted: %v; want it only for discovery or shared limits (%v)", mounted, needed)
 	}
 
 	// The static allow-list: a ConfigMap mounted as --dispatch.targets-file,
@@ -1031,10 +1051,12 @@ func TestHelmRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, vals := range map[string]map[string]any{
-		"no allow-list":   {"dispatcher": map[string]any{"discovery": map[string]any{"enabled": false}}},
-		"short token":     {"auth": map[string]any{"webhookToken": "short"}},
-		"unknown top key": {"actt": true},
-		"unknown policy":  {"remediation": map[string]any{"policy": "everything"}},
+		"no allow-list": {"dispatcher": map[string]any{"discovery": map[string]any{"enabled": false}}},
+		// Each replica would keep its own fleet limit (issue 16).
+		"replicas without shared limits": {"dispatcher": map[string]any{"replicas": 2, "sharedLimits": map[string]any{"enabled": false}}},
+		"short token":                    {"auth": map[string]any{"webhookToken": "short"}},
+		"unknown top key":                {"actt": true},
+		"unknown policy":                 {"remediation": map[string]any{"policy": "everything"}},
 	} {
 		rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "x", Namespace: "y", IsInstall: true}, chartutil.DefaultCapabilities)
 		if err == nil {
