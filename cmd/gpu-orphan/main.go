@@ -52,6 +52,15 @@ func run(args []string) int {
 	rep.Flag("auth.token-file", "The bearer token for --url (the remediator's --auth.token-file).").StringVar(&ro.tokenFile)
 	cli.DurationVar(rep.Flag("url.timeout", "Deadline of one request to --url.").Default("30s"), &ro.timeout)
 
+	prolog := app.Command("prolog", prologHelp)
+	var prologOpts hookOptions
+	addHookFlags(prolog, &prologOpts, "prolog", "30s", "5s")
+	cli.DurationVar(prolog.Flag("min-age", "How long a dead owner must have been dead before the holders of its context are signalled, as the remediator's --remediate.min-age; "+
+		"ages start at the remediator's recorded lineage, else at the prolog's first look.").Default("0s"), &prologOpts.minAge)
+	epilog := app.Command("epilog", epilogHelp)
+	var epilogOpts hookOptions
+	addHookFlags(epilog, &epilogOpts, "epilog", "60s", "5s")
+
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
@@ -65,6 +74,10 @@ func run(args []string) int {
 		return runReport(ro)
 	case clean.FullCommand():
 		return runClean(logger, backend, cleanFlags, *cleanGPU, *cleanStore)
+	case prolog.FullCommand():
+		return runProlog(logger, backend, &prologOpts)
+	case epilog.FullCommand():
+		return runEpilog(logger, backend, &epilogOpts)
 	}
 	return 2
 }

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
+	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
+)
+
+const epilogHelp = "Slurm's Epilog: when a job ends, signal its processes that still hold a GPU (those in the job's cgroup, and those that hold the context of a dead process of the job, " +
+	"as the remediator's recorded lineage names it; whatever the policy, and nothing outside the job), verify that the memory came back, and record it in the remediator's store (source epilog). " +
+	"It reads the job from SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL), and checks the job's GPUs and every GPU its processes held: " +
+	"memory with no live owner above --min-bytes left there fails it. One line on stderr, and to syslog, says how it ended. " + hookExitHelp
+
+// maxEpilogRounds bounds the plans one epilog makes: holders of the job
+// that appear while it signals (a worker's replacement) get another.
+const maxEpilogRounds = 3
+
+// runEpilog is `gpu-orphan epilog`.
+func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
+	h, err := newHook("epilog", o, logger)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan epilog: %v\n", err)
+		return hookBadInput
+	}
+	start := time.Now()
+	ctx, cancel := hookContext(o.timeout)
+	defer cancel()
+	closeAll, err := h.open(ctx, backend)
+	if err != nil {
+		return h.finish("", []problem{{short: "the GPUs cannot be read", detail: err.Error()}})
+	}
+	defer closeAll()
+
+	s := h.loop.Refresh(ctx, true)
+	jobGPUs, err := h.resolveGPUs(s)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan epilog: job %s: %v\n", h.job.ID, err)
+		return hookBadInput
+	}
+	// The job-end rule decides; the node only carries out its plans. Its
+	// own re-plans (for holders a plan did not name) follow its decision
+	// configuration, which neverAge keeps from ripening: the epilog makes
+	// the job's next plan itself, under the job-end rule.
+	nodeCfg := h.cfg
+	nodeCfg.MinAge = neverAge
+	node := cleanup.New(cleanup.Config{
+		Snapshots: h.loop, Proc: h.fs, Decide: nodeCfg,
+		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.verifyTimeout,
+		Recorder: h.recorder(), Logger: h.logger,
+	})
+	checked := slices.Clone(jobGPUs)
+	var problems []problem
+	for round := 1; round <= maxEpilogRounds && ctx.Err() == nil; round++ {
+		held := jobend.GPUs(s, h.job)
+		if len(held) == 0 {
+			break
+		}
+		for _, uuid := range held {
+			if !slices.Contains(checked, uuid) {
+				checked = append(checked, uuid)
+			}
+			plan := jobend.Plan(s, uuid, h.job, h.cfg, time.Now())
+			h.logger.Info("Job-end plan", "job", h.job.ID, "gpu", plan.GPUIndex, "act", plan.Act, "skip", plan.SkipText(), "targets", len(plan.Targets))
+			if !plan.Act {
+				if plan.SkipReason != decide.SkipNoTargets {
+					problems = append(problems, problem{short: fmt.Sprintf("GPU %d cannot be cleaned", plan.GPUIndex), detail: plan.SkipText()})
+				}
+				continue
+			}
+			if _, err := h.act(ctx, node, plan, start); err != nil {
+				return h.finish("", []problem{{short: fmt.Sprintf("job %s's processes hold GPU %d, and nothing was signalled", h.job.ID, plan.GPUIndex), detail: err.Error()}})
+			}
+		}
+		if len(problems) > 0 {
+			break
+		}
+		s = h.loop.Refresh(ctx, true)
+	}
+	if len(problems) == 0 {
+		// Memory comes back a little after its last holder exits: what the
+		// job's end just freed may still be on its way.
+		problems = h.check(ctx, checked, true, 2*time.Second)
+	}
+	if ctx.Err() != nil && len(problems) > 0 {
+		problems = append(problems, problem{short: "timed out", detail: fmt.Sprintf("--timeout=%s: %v", o.timeout, context.Cause(ctx))})
+	}
+	if len(problems) > 0 {
+		return h.finish("", problems)
+	}
+	ok := "nothing of the job holds a GPU"
+	if len(h.actions) > 0 {
+		ok = actedLine(h.actions)
+	}
+	if len(checked) > 0 {
+		ok += "; " + gpuList(s, checked) + " clean"
+	}
+	ok += fmt.Sprintf(" (%.2f s)", time.Since(start).Seconds())
+	return h.finish(ok, nil)
+}
+
+// recorder is the store as the node's recorder, or nil: a nil *Store in
+// the interface would not be nil.
+func (h *hook) recorder() cleanup.EventRecorder {
+	if h.st == nil {
+		return nil
+	}
+	return h.st
+}

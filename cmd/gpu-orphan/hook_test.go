@@ -1,0 +1,501 @@
+package main
+
+// The prolog and the epilog as Slurm runs them, without a Slurm: the real
+// binary, the job in the environment, its processes in a job's cgroup made
+// by hand (cgroup v1, as slurmd's proctrack/cgroup makes them). The tests
+// with a real slurmctld and slurmd are in ./slurmtest.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/sim"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// runHook runs the gpu-orphan binary with env added to a clean
+// environment, as slurmd runs its prolog and epilog (no PATH among them).
+func runHook(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan"), args...)
+	cmd.Env = append([]string{}, env...) // nil would be ours
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return exit.ExitCode(), out.String()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return 0, out.String()
+}
+
+// jobCgroup is where slurmd's proctrack/cgroup (v1) puts a batch job.
+func jobCgroup(job string) string { return "slurm/uid_0/job_" + job + "/step_batch" }
+
+// intoJob moves each pid into the job's cgroup.
+func intoJob(t *testing.T, job string, pids ...int) {
+	t.Helper()
+	for _, pid := range pids {
+		testenv.IntoCgroup(t, testenv.CgroupV1, jobCgroup(job), pid)
+	}
+}
+
+// fakeScontrol is an scontrol that writes its arguments, one a line, to
+// the file it returns.
+func fakeScontrol(t *testing.T) (bin, args string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin, args = filepath.Join(dir, "scontrol"), filepath.Join(dir, "args")
+	script := "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > " + args + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin, args
+}
+
+// actions are the audit store's actions, each with its events' kinds.
+func actions(t *testing.T, path string) ([]remediate.Action, map[string][]store.Event) {
+	t.Helper()
+	st, err := store.OpenReadOnly(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	as, err := st.Actions(t.Context(), store.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := map[string][]store.Event{}
+	for _, a := range as {
+		es, err := st.Events(t.Context(), a.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events[a.ID] = es
+	}
+	return as, events
+}
+
+// slurmJobEvent returns the job that an action's slurm_job event names.
+func slurmJobEvent(es []store.Event) string {
+	for _, e := range es {
+		if e.Kind == "slurm_job" {
+			return string(e.Detail)
+		}
+	}
+	return ""
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("the prolog and epilog run as root, as slurmd runs them: their tests make job cgroups and signal other users' processes")
+	}
+}
+
+// TestEpilogSignalsOnlyTheJob: job A's trainer is killed and its two
+// workers keep its context, in A's cgroup; job B's healthy trainer and
+// worker run on the same GPU. A's epilog signals A's workers only (by the
+// cgroup: nothing else proves they inherited the context, since the
+// trainer led no group of its own), the memory comes back, B runs on
+// untouched, and the store has the action, source epilog, naming job A.
+func TestEpilogSignalsOnlyTheJob(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	jobA, jobB := testenv.SlurmJobID(), testenv.SlurmJobID()
+	dir := t.TempDir()
+	// A job script leads its session; the trainer is one of its processes.
+	script := testenv.StartScript(t, `
+"$SIM" run --root "$ROOT" --gpu 0 --mib 1024 --children 2 > "$DIR/ready" &
+until [ -s "$DIR/ready" ]; do sleep 0.05; done
+cat "$DIR/ready"
+read _ parent _ < "$DIR/ready"
+{ kill -9 "$parent"; wait "$parent"; } 2>/dev/null
+echo done $$; sleep 600
+`, "SIM="+testenv.Bin(t, "gpu-orphan-sim"), "ROOT="+root, "DIR="+dir)
+	a := script.Ready(t)
+	intoJob(t, jobA, a.Children...)
+	script.Line(t, "done")
+	b := testenv.StartWorkload(t, root, 0, 512, 1)
+	intoJob(t, jobB, append([]int{b.PID}, b.Children...)...)
+	if used := usedMiB(t, root, 0); used != 1024+8+512+8 {
+		t.Fatalf("GPU 0 uses %d MiB before the epilog, want both jobs' 1552", used)
+	}
+
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	testenv.Bin(t, "gpu-orphan") // built before the clock starts
+	start := time.Now()
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + jobA, "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=0"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=1s", "--log.syslog-socket=")
+	took := time.Since(start)
+	if code != 0 || !strings.Contains(out, "gpu-orphan epilog: job "+jobA+": signalled 2 processes on GPU 0") || !strings.Contains(out, "GPU 0 clean") {
+		t.Fatalf("epilog of job A: exit %d\n%s", code, out)
+	}
+	t.Logf("epilog %.2f s from start to exit: %s", took.Seconds(), strings.TrimSpace(out))
+	for _, c := range a.Children {
+		testenv.WaitGone(t, c)
+	}
+	for _, pid := range append([]int{b.PID}, b.Children...) {
+		if !testenv.Alive(pid) {
+			t.Errorf("job B's %d was signalled by job A's epilog", pid)
+		}
+	}
+	if used := usedMiB(t, root, 0); used != 512+8 {
+		t.Errorf("GPU 0 uses %d MiB after the epilog, want job B's 520", used)
+	}
+
+	as, events := actions(t, db)
+	if len(as) != 1 {
+		t.Fatalf("%d actions recorded, want 1: %+v", len(as), as)
+	}
+	act := as[0]
+	if act.Source != "epilog" || act.Policy != jobend.Policy || act.State != remediate.StateSucceeded || act.FreedBytes != 1032*gpu.MiB {
+		t.Errorf("action: source %s, policy %s, state %s, freed %d MiB", act.Source, act.Policy, act.State, act.FreedBytes/gpu.MiB)
+	}
+	var targets []int
+	for _, tg := range act.Targets {
+		targets = append(targets, tg.PID)
+		if tg.Reason != jobend.ReasonJobCgroup {
+			t.Errorf("target %d: reason %s, want %s", tg.PID, tg.Reason, jobend.ReasonJobCgroup)
+		}
+	}
+	slices.Sort(targets)
+	if want := slices.Sorted(slices.Values(a.Children)); !slices.Equal(targets, want) {
+		t.Errorf("targets %v, want job A's workers %v", targets, want)
+	}
+	for _, pid := range append([]int{b.PID}, b.Children...) {
+		if !slices.ContainsFunc(act.Excluded, func(e remediate.Exclusion) bool { return e.PID == pid && e.Why == jobend.WhyNotInJob }) {
+			t.Errorf("job B's %d is not listed as left alone (not_in_job): %+v", pid, act.Excluded)
+		}
+	}
+	if ev := slurmJobEvent(events[act.ID]); !strings.Contains(ev, `"job_id":"`+jobA+`"`) || !strings.Contains(ev, `"hook":"epilog"`) {
+		t.Errorf("the record does not name job A: slurm_job event %q", ev)
+	}
+
+	// Job B's end: its processes, live owners, are targets now.
+	code, out = runHook(t, []string{"SLURM_JOB_ID=" + jobB, "SLURM_JOB_UID=0"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=1s", "--log.syslog-socket=")
+	if code != 0 || !strings.Contains(out, "signalled 2 processes on GPU 0") {
+		t.Fatalf("epilog of job B: exit %d\n%s", code, out)
+	}
+	for _, pid := range append([]int{b.PID}, b.Children...) {
+		// B's trainer is this test's child: a zombie until reaped.
+		testenv.Eventually(t, 10*time.Second, "job B's "+strconv.Itoa(pid)+" to exit", func() bool { return !testenv.Alive(pid) })
+	}
+}
+
+// TestEpilogOtherOrphanStays: on the job's GPU, an orphan that is no
+// process of the job's (a fork orphan outside any job) is left alone, and
+// the epilog fails, saying so in one line, and drains the node with
+// --drain; the job's own orphan is cleaned.
+func TestEpilogOtherOrphanStays(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	job := testenv.SlurmJobID()
+	mine := testenv.StartWorkload(t, root, 1, 1024, 1)
+	intoJob(t, job, mine.Children...)
+	mine.KillParent(t)
+	other := testenv.StartWorkload(t, root, 1, 2048, 2)
+	other.KillParent(t)
+
+	scontrol, argsFile := fakeScontrol(t)
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=1", "SLURMD_NODENAME=gpu-7"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=1s", "--verify-timeout=2s",
+		"--drain", "--slurm.scontrol="+scontrol, "--log.syslog-socket=")
+	wantLine := "gpu-orphan epilog: job " + job + ": GPU 1 holds 2 GiB with no owner (held by " +
+		strconv.Itoa(other.Children[0]) + " (gpu-orphan-sim), " + strconv.Itoa(other.Children[1]) + " (gpu-orphan-sim); see `gpu-orphan ps`)"
+	if code != 1 || !strings.Contains(out, wantLine) || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Errorf("epilog: exit %d, output\n%s\nwant exit 1 and one line beginning %q", code, out, wantLine)
+	}
+	testenv.WaitGone(t, mine.Children[0])
+	for _, c := range other.Children {
+		if !testenv.Alive(c) {
+			t.Errorf("%d, no process of job %s, was signalled", c, job)
+		}
+	}
+	args, err := os.ReadFile(argsFile)
+	if want := "update\nnodename=gpu-7\nstate=drain\nreason=gpu-orphan: GPU 1 holds 2 GiB with no owner\n"; err != nil || string(args) != want {
+		t.Errorf("scontrol was run with %q (%v), want %q", args, err, want)
+	}
+	as, events := actions(t, db)
+	if len(as) != 1 || len(as[0].Targets) != 1 || as[0].Targets[0].PID != mine.Children[0] {
+		t.Fatalf("actions %+v, want one, on job %s's worker", as, job)
+	}
+	var kinds []string
+	for _, e := range events[as[0].ID] {
+		kinds = append(kinds, e.Kind)
+	}
+	if !slices.Contains(kinds, "epilog_failed") || !slices.Contains(kinds, "drain") {
+		t.Errorf("events %v: want the failure and the drain recorded", kinds)
+	}
+}
+
+// TestEpilogRecordedDescent: the job's trainer runs in the job's cgroup,
+// its workers (forked before it was put there) outside it, as workers that
+// a container runtime or `systemd-run` took out of the job are. A running
+// remediator records that they descend from the trainer, in its store. The
+// trainer dies; the epilog, reading that lineage, signals the workers,
+// while the remediator runs on. Without the lineage, nothing proves they
+// are the job's: they are left alone, and the epilog fails.
+func TestEpilogRecordedDescent(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	job := testenv.SlurmJobID()
+	w := testenv.StartWorkload(t, root, 0, 1024, 2)
+	intoJob(t, job, w.PID)
+
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--backend=sim", "--sim.root="+root, "--store.path="+db,
+		"--web.listen-address="+testenv.FreeAddr(t), "--auth.insecure-none", "--collector.interval=100ms", "--log.level=debug")
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootID, err := fs.BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the remediator to record the workers' descent in its store", func() bool {
+		st, err := store.OpenReadOnly(t.Context(), db)
+		if err != nil {
+			return false
+		}
+		defer st.Close()
+		data, ok, err := st.GetState(t.Context(), lineageState)
+		if err != nil || !ok {
+			return false
+		}
+		l := snapshot.NewLineage()
+		return l.RestoreState(data, bootID) == nil && l.RecordedDescendants() >= 2
+	})
+	w.KillParent(t)
+
+	empty := filepath.Join(t.TempDir(), "empty.db")
+	env := []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=0"}
+	code, out := runHook(t, env, "--backend=sim", "--sim.root="+root, "epilog", "--store.path="+empty, "--grace=1s", "--log.syslog-socket=")
+	if code != 1 || !strings.Contains(out, "GPU 0 holds 1 GiB with no owner") {
+		t.Errorf("epilog without the lineage: exit %d, want 1\n%s", code, out)
+	}
+	for _, c := range w.Children {
+		if !testenv.Alive(c) {
+			t.Fatalf("worker %d, outside the job's cgroup, was signalled with no recorded descent", c)
+		}
+	}
+
+	code, out = runHook(t, env, "--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=1s", "--log.syslog-socket=")
+	if code != 0 || !strings.Contains(out, "signalled 2 processes on GPU 0") {
+		t.Fatalf("epilog with the remediator's lineage: exit %d\n%s", code, out)
+	}
+	for _, c := range w.Children {
+		testenv.WaitGone(t, c)
+	}
+	as, _ := actions(t, db)
+	i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.Source == "epilog" })
+	if i < 0 {
+		t.Fatalf("no epilog action in the remediator's store: %+v", as)
+	}
+	for _, tg := range as[i].Targets {
+		if tg.Reason != jobend.ReasonJobDescent {
+			t.Errorf("target %d: reason %s, want %s", tg.PID, tg.Reason, jobend.ReasonJobDescent)
+		}
+	}
+	if len(as[i].DeadOwners) != 1 || as[i].DeadOwners[0].SlurmJob != job || int(as[i].DeadOwners[0].PID) != w.PID {
+		t.Errorf("dead owners %+v, want the trainer %d of job %s, named by the lineage", as[i].DeadOwners, w.PID, job)
+	}
+}
+
+// TestPrologCleansDeadOwner: a fork orphan from before holds the job's GPU;
+// the prolog cleans it under the normal rules (its workers are in the dead
+// trainer's process group), and the job may start. A GPU that is not the
+// job's is not looked at.
+func TestPrologCleansDeadOwner(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	stale := testenv.StartWorkload(t, root, 1, 1024, 2)
+	stale.KillParent(t)
+	untouched := testenv.StartWorkload(t, root, 0, 512, 1)
+	untouched.KillParent(t)
+
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	job := testenv.SlurmJobID()
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "CUDA_VISIBLE_DEVICES=1"},
+		"--backend=sim", "--sim.root="+root, "prolog", "--store.path="+db, "--grace=1s", "--log.syslog-socket=")
+	if code != 0 || !strings.Contains(out, "gpu-orphan prolog: job "+job+": signalled 2 processes on GPU 1") || !strings.Contains(out, "GPU 1 clean") {
+		t.Fatalf("prolog: exit %d\n%s", code, out)
+	}
+	for _, c := range stale.Children {
+		testenv.WaitGone(t, c)
+	}
+	if !testenv.Alive(untouched.Children[0]) {
+		t.Errorf("the orphan on GPU 0, not the job's GPU, was signalled")
+	}
+	as, events := actions(t, db)
+	if len(as) != 1 || as[0].Source != "prolog" || as[0].Policy != remediate.PolicyDeadOwner || as[0].State != remediate.StateSucceeded {
+		t.Fatalf("actions %+v, want one by the prolog, dead-owner, succeeded", as)
+	}
+	if ev := slurmJobEvent(events[as[0].ID]); !strings.Contains(ev, `"job_id":"`+job+`"`) || !strings.Contains(ev, `"hook":"prolog"`) {
+		t.Errorf("slurm_job event %q", ev)
+	}
+}
+
+// TestPrologLeak: memory that no process holds cannot be cleaned: the
+// prolog fails with the reason, drains with it, records the failure, and
+// says it on syslog too.
+func TestPrologLeak(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	if err := sim.WriteFaults(root, sim.Faults{GPU: sim.AllGPUs, Leaks: []sim.Leak{{GPU: 1, Bytes: 40 << 30}}}); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "log")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	scontrol, argsFile := fakeScontrol(t)
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	job := testenv.SlurmJobID()
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_GPUS=0,1", "SLURMD_NODENAME=gpu-7"},
+		"--backend=sim", "--sim.root="+root, "prolog", "--store.path="+db, "--drain", "--slurm.scontrol="+scontrol, "--log.syslog-socket="+sock)
+	want := "gpu-orphan prolog: job " + job + ": GPU 1 holds 40 GiB with no owner (no process holds it: a driver-level leak, which a GPU reset gives back (docs/runbook.md)); drained node gpu-7"
+	if code != 1 || !strings.HasPrefix(out, want) {
+		t.Errorf("prolog: exit %d\n%s\nwant exit 1 and %q", code, out, want)
+	}
+	if args, _ := os.ReadFile(argsFile); !strings.Contains(string(args), "reason=gpu-orphan: GPU 1 holds 40 GiB with no owner\n") {
+		t.Errorf("scontrol args %q", args)
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), "gpu-orphan-prolog") || !strings.Contains(string(buf[:n]), "job "+job+": GPU 1 holds 40 GiB with no owner") ||
+		!strings.HasPrefix(string(buf[:n]), "<27>") {
+		t.Errorf("syslog got %q (%v), want the line at daemon.err (<27>)", buf[:n], err)
+	}
+	as, _ := actions(t, db)
+	if len(as) != 1 || as[0].Source != "prolog" || as[0].State != remediate.StateFailed || as[0].GPUIndex != 1 ||
+		as[0].Before == nil || as[0].Before.UnownedBytes != 40<<30 || len(as[0].Targets) != 0 {
+		t.Errorf("actions %+v, want the prolog's failure on GPU 1 with its evidence and no targets", as)
+	}
+}
+
+// TestPrologNothingToCheck: a job given no GPU is not checked: the prolog
+// does not even open the driver (a bad --sim.root does not matter).
+func TestPrologNothingToCheck(t *testing.T) {
+	code, out := runHook(t, []string{"SLURM_JOB_ID=12"}, "--backend=sim", "--sim.root=/nonexistent", "prolog", "--store.path=", "--log.syslog-socket=")
+	if code != 0 || out != "gpu-orphan prolog: job 12: no GPUs to check (the job has none)\n" {
+		t.Errorf("prolog of a job without GPUs: exit %d, %q", code, out)
+	}
+	code, out = runHook(t, []string{"SLURM_JOB_ID=12", "CUDA_VISIBLE_DEVICES=NoDevFiles"}, "--backend=sim", "--sim.root=/nonexistent", "prolog", "--store.path=", "--log.syslog-socket=")
+	if code != 0 {
+		t.Errorf("prolog with CUDA_VISIBLE_DEVICES=NoDevFiles: exit %d, %q", code, out)
+	}
+}
+
+// TestHookBadInput: what Slurm should have given and did not, or GPUs
+// this node does not have: exit 2, one line naming it.
+func TestHookBadInput(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	for _, tc := range []struct {
+		hook string
+		env  []string
+		want string
+	}{
+		{"epilog", nil, "gpu-orphan epilog: no job: SLURM_JOB_ID is not set"},
+		{"prolog", []string{"SLURM_JOB_ID=abc"}, `gpu-orphan prolog: job "abc": want a Slurm job ID, a number`},
+		{"epilog", []string{"SLURM_JOB_ID=5", "SLURM_JOB_UID=bob"}, `gpu-orphan epilog: job 5: user "bob": want a UID`},
+		{"prolog", []string{"SLURM_JOB_ID=5", "SLURM_JOB_GPUS=0,x"}, `gpu-orphan prolog: SLURM_JOB_GPUS="0,x": "x" is neither a GPU index nor a UUID`},
+		{"prolog", []string{"SLURM_JOB_ID=5", "SLURM_JOB_GPUS=7"}, "gpu-orphan prolog: job 5: the job's GPU 7 is not on this node (it has GPUs 0-1)"},
+		{"epilog", []string{"SLURM_JOB_ID=5", "GPU_DEVICE_ORDINAL=GPU-nope"}, "gpu-orphan epilog: job 5: the job's GPU GPU-nope is not on this node (it has GPUs 0-1)"},
+	} {
+		code, out := runHook(t, tc.env, "--backend=sim", "--sim.root="+root, tc.hook, "--store.path=", "--log.syslog-socket=")
+		if code != 2 || !strings.HasPrefix(out, tc.want) || strings.Count(out, "\n") != 1 {
+			t.Errorf("%s with %v: exit %d, %q; want 2 and one line %q", tc.hook, tc.env, code, out, tc.want)
+		}
+	}
+}
+
+// TestEpilogRefusesWithoutRecord: an audit store that cannot be opened
+// means nothing is signalled, and the epilog fails saying why.
+func TestEpilogRefusesWithoutRecord(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	job := testenv.SlurmJobID()
+	w := testenv.StartWorkload(t, root, 0, 256, 1)
+	intoJob(t, job, w.Children...)
+	w.KillParent(t)
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_GPUS=0"}, "--backend=sim", "--sim.root="+root, "epilog",
+		"--store.path=/nonexistent/remediator.db", "--log.syslog-socket=")
+	if code != 1 || !strings.Contains(out, "processes hold GPU 0, and nothing was signalled (refusing to signal without an audit record") {
+		t.Errorf("epilog without its store: exit %d\n%s", code, out)
+	}
+	if !testenv.Alive(w.Children[0]) {
+		t.Errorf("worker %d signalled without a record", w.Children[0])
+	}
+}
+
+func TestParseJobGPUs(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	for _, tc := range []struct {
+		flag string
+		env  map[string]string
+		ids  []string
+		all  bool
+		from string
+	}{
+		{"", map[string]string{"SLURM_JOB_GPUS": "0,2", "CUDA_VISIBLE_DEVICES": "1"}, []string{"0", "2"}, false, "SLURM_JOB_GPUS"},
+		{"", map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-a,MIG-b", "GPU_DEVICE_ORDINAL": "3"}, []string{"GPU-a", "MIG-b"}, false, "CUDA_VISIBLE_DEVICES"},
+		{"", map[string]string{"GPU_DEVICE_ORDINAL": "3, 3"}, []string{"3"}, false, "GPU_DEVICE_ORDINAL"},
+		{"1", map[string]string{"SLURM_JOB_GPUS": "0"}, []string{"1"}, false, "--slurm.gpus"},
+		{"all", nil, nil, true, "--slurm.gpus"},
+		{"none", map[string]string{"SLURM_JOB_GPUS": "0"}, nil, false, "--slurm.gpus"},
+		{"", nil, nil, false, "--slurm.gpus"},
+	} {
+		ids, all, from, err := parseJobGPUs(tc.flag, env(tc.env))
+		if err != nil || !slices.Equal(ids, tc.ids) || all != tc.all || from != tc.from {
+			t.Errorf("parseJobGPUs(%q, %v) = %v, %v, %s, %v; want %v, %v, %s", tc.flag, tc.env, ids, all, from, err, tc.ids, tc.all, tc.from)
+		}
+	}
+}
+
+func TestSize(t *testing.T) {
+	for b, want := range map[uint64]string{0: "0 MiB", 4104 << 20: "4 GiB", 40 << 30: "40 GiB", 1536 << 20: "1.5 GiB", 1023 << 20: "1023 MiB"} {
+		if got := size(b); got != want {
+			t.Errorf("size(%d) = %q, want %q", b, got, want)
+		}
+	}
+}
+
+// The context of a hook keeps a reserve for the record and the drain.
+func TestHookContext(t *testing.T) {
+	ctx, cancel := hookContext(20 * time.Second)
+	defer cancel()
+	d, ok := ctx.Deadline()
+	if left := time.Until(d); !ok || left > 15*time.Second || left < 14*time.Second {
+		t.Errorf("deadline in %v, want 15s (20s less a 5s reserve)", left)
+	}
+	cancel()
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Errorf("cancel: %v", ctx.Err())
+	}
+}

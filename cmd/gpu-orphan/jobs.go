@@ -1,0 +1,647 @@
+package main
+
+// What `gpu-orphan prolog` and `gpu-orphan epilog` share: the job that
+// Slurm names in the environment, the snapshot loop with the remediator's
+// recorded lineage, the audit record, the verdict on the job's GPUs, the
+// one line for the node's log, and the drain.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"log/syslog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
+	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
+	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
+	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
+	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// The exit statuses of `gpu-orphan prolog` and `gpu-orphan epilog`, as
+// Slurm reads them: any status but 0 drains the node (and requeues the
+// job, for the prolog).
+const (
+	// hookClean: the job's GPUs are clean, cleaned, or the job has none.
+	hookClean = 0
+	// hookHeld: memory is still held, or could not be checked; the one
+	// line says why.
+	hookHeld = 1
+	// hookBadInput: a wrong flag, or an environment that names no job or
+	// GPUs this node does not have.
+	hookBadInput = 2
+)
+
+const hookExitHelp = "Exit status: 0 when the job's GPUs are clean (or were cleaned, and the memory verified back); " +
+	"1 when memory is still held, or could not be checked, which its one line says; 2 for a wrong flag, or an environment that names no job, or GPUs this node does not have. " +
+	"Slurm drains the node on any status but 0 (docs/slurm.md)."
+
+// lineageState is the name under which the remediator keeps its recorded
+// lineage in its store (remediate/app).
+const lineageState = "lineage"
+
+// neverAge is a minimum age no orphan reaches. The epilog's cleanup.Node
+// decides with it: when holders the job-end plan did not name appear, the
+// node re-plans under its own policy (dead-owner, not the job-end rule),
+// and must find nothing ripe there, lest it signal outside the job. The
+// epilog re-plans under the job-end rule itself.
+const neverAge = 50 * 365 * 24 * time.Hour
+
+// hookOptions are the flags of prolog and epilog.
+type hookOptions struct {
+	jobID, jobUID, node, gpus string
+	storePath                 string
+	drain                     bool
+	scontrol                  string
+	timeout                   time.Duration
+	grace, verifyTimeout      time.Duration
+	minAge                    time.Duration
+	minBytes                  uint64
+	protect                   []string
+	syslogSocket              string
+}
+
+// addHookFlags registers the flags that prolog and epilog share.
+func addHookFlags(c *kingpin.CmdClause, o *hookOptions, name, timeout, grace string) {
+	c.Flag("slurm.job-id", "The job.").Envar("SLURM_JOB_ID").PlaceHolder("ID").StringVar(&o.jobID)
+	c.Flag("slurm.job-uid", "The job's user, by UID.").Envar("SLURM_JOB_UID").PlaceHolder("UID").StringVar(&o.jobUID)
+	c.Flag("slurm.node", "This node's name in Slurm, for --drain.").Envar("SLURMD_NODENAME").PlaceHolder("NAME").StringVar(&o.node)
+	c.Flag("slurm.gpus", "The job's GPUs on this node: indexes as NVML numbers them (Slurm's with gres.conf AutoDetect=nvml) or UUIDs, comma-separated; "+
+		"\"all\" for every GPU, \"none\" for none. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL, which Slurm sets for a "+
+		"job given GRES; none when none is set.").PlaceHolder("0,1").StringVar(&o.gpus)
+	c.Flag("store.path", "The remediator's audit database: the "+name+" records its actions there (source "+name+"), and reads the lineage the remediator recorded, "+
+		"to name dead owners. When it cannot be opened, nothing is signalled. Empty: no record.").Default(defaultStorePath).StringVar(&o.storePath)
+	c.Flag("drain", "When memory stays held, also drain the node with the reason (scontrol update nodename=NODE state=drain reason=\"gpu-orphan: ...\").").BoolVar(&o.drain)
+	c.Flag("slurm.scontrol", "The scontrol command, for --drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin (Slurm runs prologs and epilogs without a PATH).").
+		Default("scontrol").StringVar(&o.scontrol)
+	cli.DurationVar(c.Flag("timeout", "The time budget of the whole "+name+", kept well under Slurm's PrologEpilogTimeout: past it, the "+name+" stops signalling and says what is left.").
+		Default(timeout), &o.timeout)
+	cli.DurationVar(c.Flag("grace", "Time between SIGTERM and SIGKILL.").Default(grace), &o.grace)
+	cli.DurationVar(c.Flag("verify-timeout", "How long to wait for the memory to come back after the signals.").Default("10s"), &o.verifyTimeout)
+	cli.BytesVar(c.Flag("min-bytes", "Memory with no live owner at or below this is clean (NVML charges about 8 MiB per live context to no process). Bytes, or a size with a unit: 256MiB, 1GiB.").
+		Default("256MiB"), &o.minBytes)
+	c.Flag("protect", "Also never touch processes that run this executable (repeatable), as the remediator's --remediate.protect.").PlaceHolder("NAME|PATH").StringsVar(&o.protect)
+	c.Flag("log.syslog-socket", "Also send the "+name+"'s one line to the syslog socket here (slurmd keeps a failing "+name+"'s output in its log, not a succeeding one's). Empty: stderr only.").
+		Default("/dev/log").StringVar(&o.syslogSocket)
+}
+
+// hook is one run of a prolog or epilog.
+type hook struct {
+	name   string // "prolog" or "epilog"
+	o      *hookOptions
+	logger *slog.Logger
+	stderr io.Writer
+	job    jobend.Job
+	// gpus are the job's GPUs as the flag or the environment name them;
+	// all means every GPU of the node.
+	gpus []string
+	all  bool
+
+	fs   proc.FS
+	loop *snapshot.Loop
+	// st is the audit store; storeErr says why there is none when
+	// --store.path names one.
+	st       *store.Store
+	storeErr error
+	cfg      decide.Config
+	actions  []remediate.Action
+}
+
+// jobGPUSources are the variables that name a job's GPUs in a prolog's or
+// an epilog's environment, in the order they are read: Slurm 22.05 sets
+// all three for a job given GRES (measured, docs/slurm.md).
+var jobGPUSources = []string{"SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"}
+
+// parseJobGPUs reads the job's GPUs from the flag, else from the
+// environment: the list, whether it means every GPU, and where it came
+// from.
+func parseJobGPUs(flag string, getenv func(string) string) (ids []string, all bool, from string, err error) {
+	v, from := flag, "--slurm.gpus"
+	if v == "" {
+		for _, name := range jobGPUSources {
+			if v = strings.TrimSpace(getenv(name)); v != "" {
+				from = name
+				break
+			}
+		}
+	}
+	switch v {
+	case "", "none":
+		return nil, false, from, nil
+	case "all":
+		return nil, true, from, nil
+	case "NoDevFiles":
+		// Slurm's word for GRES without device files.
+		return nil, false, from, nil
+	}
+	for id := range strings.SplitSeq(v, ",") {
+		id = strings.TrimSpace(id)
+		_, numErr := strconv.ParseUint(id, 10, 16)
+		if numErr != nil && !strings.HasPrefix(id, "GPU-") && !strings.HasPrefix(id, "MIG-") {
+			return nil, false, from, fmt.Errorf("%s=%q: %q is neither a GPU index nor a UUID", from, v, id)
+		}
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, false, from, nil
+}
+
+// newHook reads the job from the options; a job it cannot read is bad
+// input.
+func newHook(name string, o *hookOptions, logger *slog.Logger) (*hook, error) {
+	h := &hook{name: name, o: o, logger: logger, stderr: os.Stderr}
+	if o.jobID == "" {
+		return nil, fmt.Errorf("no job: SLURM_JOB_ID is not set (Slurm sets it for its Prolog and Epilog; by hand, give --slurm.job-id)")
+	}
+	if _, err := strconv.ParseUint(o.jobID, 10, 64); err != nil {
+		return nil, fmt.Errorf("job %q: want a Slurm job ID, a number", o.jobID)
+	}
+	h.job = jobend.Job{ID: o.jobID, UID: -1}
+	if o.jobUID != "" {
+		uid, err := strconv.Atoi(o.jobUID)
+		if err != nil || uid < 0 {
+			return nil, fmt.Errorf("job %s: user %q: want a UID", o.jobID, o.jobUID)
+		}
+		h.job.UID = uid
+	}
+	var err error
+	var from string
+	h.gpus, h.all, from, err = parseJobGPUs(o.gpus, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	logger.Debug("The job", "job", h.job.ID, "uid", h.job.UID, "gpus", h.gpus, "all", h.all, "from", from)
+	h.cfg = decide.Config{
+		Policy:    remediate.PolicyDeadOwner,
+		MinAge:    o.minAge,
+		MinBytes:  o.minBytes,
+		Protected: append(slices.Clone(exclude.DefaultProtected), o.protect...),
+		Self:      exclude.CurrentSelf(),
+	}.Resolved()
+	return h, nil
+}
+
+// open opens the backend and the store, and restores the lineage that the
+// remediator recorded: who each dead owner was, whose it was, and who
+// descended from it. It returns a close function.
+func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
+	opened, err := backend.Open(h.logger)
+	if err != nil {
+		return nil, err
+	}
+	h.fs = opened.Proc
+	// Signals take our own PIDs, the snapshot the procfs's.
+	if err := h.fs.CheckOwnPIDNamespace(); err != nil {
+		opened.Driver.Close()
+		return nil, fmt.Errorf("--path.procfs=%s: %w", h.fs.Root(), err)
+	}
+	h.loop = snapshot.NewLoop(opened.Taker, time.Second, h.o.minBytes)
+	closers := []func(){func() { opened.Driver.Close() }}
+	if h.o.storePath != "" {
+		st, err := store.Open(ctx, h.o.storePath)
+		if err != nil {
+			h.storeErr = err
+			h.logger.Warn("The audit store cannot be opened: nothing will be signalled", "path", h.o.storePath, "err", err)
+		} else {
+			h.st = st
+			closers = append(closers, func() { st.Close() })
+			h.restoreLineage(ctx)
+		}
+	}
+	return func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}, nil
+}
+
+// restoreLineage reads the remediator's recorded lineage, if there is one
+// of this boot; what it cannot read it reports and goes on without, as
+// the remediator does at start-up. The remediator keeps writing it: the
+// hook never does.
+func (h *hook) restoreLineage(ctx context.Context) {
+	data, ok, err := h.st.GetState(ctx, lineageState)
+	switch {
+	case err != nil:
+		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
+		return
+	case !ok:
+		h.logger.Debug("No recorded lineage in the store: dead owners are unknown, and only the job's cgroup tells its processes")
+		return
+	}
+	bootID, err := h.fs.BootID()
+	if err != nil {
+		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
+		return
+	}
+	if err := h.loop.Lineage().RestoreState(data, bootID); err != nil {
+		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
+		return
+	}
+	h.logger.Debug("Restored the remediator's recorded lineage", "owners", h.loop.Lineage().Owners(),
+		"recorded_descendants", h.loop.Lineage().RecordedDescendants())
+}
+
+// resolveGPUs returns the UUIDs of the job's GPUs in s; an ID that names
+// no GPU of this node is bad input.
+func (h *hook) resolveGPUs(s *snapshot.Snapshot) ([]string, error) {
+	var out []string
+	if h.all {
+		for _, g := range s.GPUs {
+			out = append(out, g.Device.UUID)
+		}
+		return out, nil
+	}
+	for _, id := range h.gpus {
+		g, ok := s.GPUByID(id)
+		if !ok {
+			if len(s.GPUs) == 0 && !s.Healthy() {
+				return nil, fmt.Errorf("cannot read the GPUs: %s", sourceErrors(s))
+			}
+			return nil, fmt.Errorf("the job's GPU %s is not on this node (%s)", id, describeGPUs(s))
+		}
+		if !slices.Contains(out, g.Device.UUID) {
+			out = append(out, g.Device.UUID)
+		}
+	}
+	return out, nil
+}
+
+// sourceErrors says which sources of a snapshot failed.
+func sourceErrors(s *snapshot.Snapshot) string {
+	var errs []string
+	for _, src := range s.Sources {
+		if src.Err != nil {
+			errs = append(errs, src.Name+": "+src.Err.Error())
+		}
+	}
+	if len(errs) == 0 {
+		return "no GPU"
+	}
+	return strings.Join(errs, "; ")
+}
+
+// act records the action, then runs the plan through node.Act. Without a
+// store that opened (when --store.path names one), it signals nothing.
+func (h *hook) act(ctx context.Context, node *cleanup.Node, plan decide.Plan, startedAt time.Time) (remediate.Action, error) {
+	a := remediate.Action{Node: hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
+		State: remediate.StateRunning, Source: h.name, StartedAt: startedAt}
+	before := plan.Before
+	a.Before, a.Targets, a.Excluded, a.DeadOwners = &before, plan.Targets, plan.Excluded, plan.DeadOwners
+	if err := h.record(ctx, &a); err != nil {
+		return a, err
+	}
+	h.logger.Info("Signalling", "job", h.job.ID, "gpu", plan.GPUIndex, "action", a.ID, "targets", len(plan.Targets))
+	a = node.Act(ctx, a, plan)
+	h.actions = append(h.actions, a)
+	return a, nil
+}
+
+// record inserts a new action, with the job it is for; it is an error to
+// act without a record when a store was asked for.
+func (h *hook) record(ctx context.Context, a *remediate.Action) error {
+	if h.storeErr != nil {
+		return fmt.Errorf("refusing to signal without an audit record: %w", h.storeErr)
+	}
+	if h.st == nil {
+		return nil
+	}
+	id, err := h.st.Insert(ctx, *a)
+	if err != nil {
+		return fmt.Errorf("refusing to signal without an audit record: %w", err)
+	}
+	a.ID = id
+	detail := map[string]any{"job_id": h.job.ID, "hook": h.name, "gpus": h.gpus}
+	if h.job.UID >= 0 {
+		detail["job_uid"] = h.job.UID
+	}
+	if err := h.st.AddEvent(ctx, id, "slurm_job", detail); err != nil {
+		return fmt.Errorf("refusing to signal without an audit record: %w", err)
+	}
+	return nil
+}
+
+// ladder is the kill ladder of a hook; groups re-lists whole process
+// groups (the prolog's normal rules), which the epilog never signals.
+func (h *hook) ladder(groups kill.GroupLister) *kill.Ladder {
+	return &kill.Ladder{Grace: h.o.grace, Proc: h.fs, Logger: h.logger, Groups: groups, Exclude: h.cfg.Rules().Why}
+}
+
+// problem is one reason the job's GPUs are not clean: short for the drain
+// reason, with detail for the log.
+type problem struct {
+	short, detail string
+	// gpu is the GPU's memory, when the problem is one GPU's.
+	gpu *remediate.MemoryEvidence
+	// uuid and index name that GPU.
+	uuid  string
+	index int
+}
+
+// unowned is the problem of a GPU whose memory with no live owner stays
+// above min-bytes; g must be accountable.
+func unowned(g snapshot.GPU, taken time.Time) problem {
+	ev := remediate.NewMemoryEvidence(g, taken, taken)
+	p := problem{short: fmt.Sprintf("GPU %d holds %s with no owner", g.Device.Index, size(g.UnexplainedBytes)),
+		gpu: &ev, uuid: g.Device.UUID, index: g.Device.Index}
+	var holders []string
+	for _, h := range g.Holders {
+		if h.Mapped && len(h.LiveJobGPUs) == 0 {
+			holders = append(holders, fmt.Sprintf("%d (%s)", h.PID, h.Comm))
+		}
+	}
+	switch {
+	case len(holders) > 0:
+		p.detail = "held by " + strings.Join(holders, ", ") + "; see `gpu-orphan ps`"
+	case g.DeadOwnerListed():
+		p.detail = "NVML lists dead owners and no visible process holds their contexts"
+	default:
+		p.detail = "no process holds it: a driver-level leak, which a GPU reset gives back (docs/runbook.md)"
+	}
+	return p
+}
+
+// check looks at the GPUs (UUIDs) in a fresh snapshot: the problems with
+// them, and the job's processes (by the job-end rule, epilog only) that
+// still hold any GPU. It looks again for up to settle while there are
+// problems, as memory comes back a little after its last holder exits.
+func (h *hook) check(ctx context.Context, uuids []string, jobToo bool, settle time.Duration) []problem {
+	deadline := time.Now().Add(settle)
+	for {
+		s := h.loop.Refresh(ctx, true)
+		var ps []problem
+		if jobToo {
+			ps = append(ps, h.jobLeft(s)...)
+		}
+		for _, id := range uuids {
+			g, ok := s.GPUByID(id)
+			switch {
+			case !ok:
+				ps = append(ps, problem{short: "GPU " + id + " cannot be read", detail: sourceErrors(s)})
+			case !g.Accountable():
+				why := g.Unsupported
+				if g.Err != nil {
+					why = g.Err.Error()
+				}
+				ps = append(ps, problem{short: fmt.Sprintf("GPU %d cannot be checked", g.Device.Index), detail: why})
+			case g.UnexplainedBytes > h.o.minBytes:
+				ps = append(ps, unowned(g, s.Taken))
+			}
+		}
+		if !s.Healthy() && len(ps) == 0 {
+			ps = append(ps, problem{short: "the GPUs cannot be checked", detail: sourceErrors(s)})
+		}
+		if len(ps) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return ps
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// jobLeft names the job's processes that still hold a GPU.
+func (h *hook) jobLeft(s *snapshot.Snapshot) []problem {
+	var ps []problem
+	for _, g := range s.GPUs {
+		for _, hd := range g.Holders {
+			if r, _, _ := jobend.Member(g, hd.Process, h.job); r != "" {
+				state := ""
+				switch {
+				case hd.State == "D":
+					state = ", in uninterruptible sleep (D): it dies only when its kernel call returns"
+				case h.cfg.Rules().Why(hd.Process) != "":
+					state = ", never touched: " + string(h.cfg.Rules().Why(hd.Process))
+				}
+				ps = append(ps, problem{
+					short:  fmt.Sprintf("PID %d of job %s still holds GPU %d", hd.PID, h.job.ID, g.Device.Index),
+					detail: fmt.Sprintf("%s, %s%s", hd.Comm, r, state),
+				})
+			}
+		}
+	}
+	return ps
+}
+
+// finish says how it ended, in one line on stderr and to syslog, drains
+// the node when asked and the GPUs are not clean, records that, and
+// returns the exit status.
+func (h *hook) finish(ok string, problems []problem) int {
+	line := fmt.Sprintf("job %s: %s", h.job.ID, ok)
+	status := hookClean
+	if len(problems) > 0 {
+		status = hookHeld
+		var parts []string
+		for _, p := range problems {
+			s := p.short
+			if p.detail != "" {
+				s += " (" + p.detail + ")"
+			}
+			parts = append(parts, s)
+		}
+		line = fmt.Sprintf("job %s: %s", h.job.ID, strings.Join(parts, "; "))
+		reason := "gpu-orphan: " + problems[0].short
+		if len(problems) > 1 {
+			reason += fmt.Sprintf(" (and %d more)", len(problems)-1)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h.recordFailure(ctx, line, problems)
+		if h.o.drain {
+			if err := h.drainNode(ctx, reason); err != nil {
+				line += "; not drained: " + err.Error()
+			} else {
+				line += fmt.Sprintf("; drained node %s: %q", h.o.node, reason)
+				h.event(ctx, "drain", map[string]any{"node": h.o.node, "reason": reason})
+			}
+		}
+	}
+	fmt.Fprintf(h.stderr, "gpu-orphan %s: %s\n", h.name, line)
+	h.syslog(status == hookClean, line)
+	return status
+}
+
+// recordFailure makes sure the audit store holds the failure: on the
+// actions of this run, or, when nothing was signalled, as an action of its
+// own, failed, with no targets.
+func (h *hook) recordFailure(ctx context.Context, line string, problems []problem) {
+	if h.st == nil {
+		return
+	}
+	if len(h.actions) > 0 {
+		h.event(ctx, h.name+"_failed", map[string]any{"reason": line})
+		return
+	}
+	now := time.Now()
+	a := remediate.Action{Node: hostname(), GPUIndex: -1, Policy: jobend.Policy, State: remediate.StateFailed, Source: h.name,
+		StartedAt: now, FinishedAt: &now, Reason: line}
+	for _, p := range problems {
+		if p.gpu != nil {
+			a.GPUUUID, a.GPUIndex, a.Before, a.After = p.uuid, p.index, p.gpu, p.gpu
+			break
+		}
+	}
+	if h.name == "prolog" {
+		a.Policy = remediate.PolicyDeadOwner
+	}
+	if err := h.record(ctx, &a); err != nil {
+		h.logger.Error("Recording the failure", "err", err)
+		return
+	}
+	h.actions = append(h.actions, a)
+}
+
+// event adds an event to every action of this run.
+func (h *hook) event(ctx context.Context, kind string, detail any) {
+	if h.st == nil {
+		return
+	}
+	for _, a := range h.actions {
+		if a.ID == "" {
+			continue
+		}
+		if err := h.st.AddEvent(ctx, a.ID, kind, detail); err != nil {
+			h.logger.Error("Recording an event", "action", a.ID, "kind", kind, "err", err)
+		}
+	}
+}
+
+// drainNode drains this node with reason, through scontrol.
+func (h *hook) drainNode(ctx context.Context, reason string) error {
+	if h.o.node == "" {
+		return errors.New("no node name (SLURMD_NODENAME, or --slurm.node)")
+	}
+	bin, err := lookScontrol(h.o.scontrol)
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, "update", "nodename="+h.o.node, "state=drain", "reason="+reason).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s update nodename=%s state=drain: %w: %s", bin, h.o.node, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// scontrolDirs are where scontrol is looked for when PATH does not have
+// it: Slurm runs prologs and epilogs with an environment of its own, no
+// PATH in it.
+var scontrolDirs = []string{"/usr/bin", "/usr/local/bin", "/opt/slurm/bin"}
+
+func lookScontrol(name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, d := range scontrolDirs {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found in PATH nor in %s: give --slurm.scontrol=PATH", name, strings.Join(scontrolDirs, ", "))
+}
+
+// syslog sends the line to the syslog socket, if there is one: slurmd
+// logs a failing prolog's or epilog's output, not a succeeding one's.
+func (h *hook) syslog(ok bool, line string) {
+	if h.o.syslogSocket == "" {
+		return
+	}
+	prio := syslog.LOG_DAEMON | syslog.LOG_INFO
+	if !ok {
+		prio = syslog.LOG_DAEMON | syslog.LOG_ERR
+	}
+	w, err := syslog.Dial("unixgram", h.o.syslogSocket, prio, "gpu-orphan-"+h.name)
+	if err != nil {
+		h.logger.Debug("No syslog", "socket", h.o.syslogSocket, "err", err)
+		return
+	}
+	defer w.Close()
+	if ok {
+		err = w.Info(line)
+	} else {
+		err = w.Err(line)
+	}
+	if err != nil {
+		h.logger.Debug("No syslog", "socket", h.o.syslogSocket, "err", err)
+	}
+}
+
+// hookContext is the context of a hook's work: its time budget, less a
+// reserve for the record and the drain that follow, and cancelled by
+// SIGTERM or SIGINT.
+func hookContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	reserve := min(5*time.Second, timeout/4)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, timeout-reserve)
+	return ctx, func() { cancel(); stop() }
+}
+
+// size is a number of bytes as a person reads it: MiB below a GiB, GiB
+// (one decimal, when not whole) above.
+func size(b uint64) string {
+	if b < 1<<30 {
+		return fmt.Sprintf("%d MiB", b/gpu.MiB)
+	}
+	s := strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64)
+	return strings.TrimSuffix(s, ".0") + " GiB"
+}
+
+// gpuList names GPUs by index, for the line: "GPU 0", "GPUs 0, 1".
+func gpuList(s *snapshot.Snapshot, uuids []string) string {
+	var idx []string
+	for _, id := range uuids {
+		if g, ok := s.GPUByID(id); ok {
+			idx = append(idx, strconv.Itoa(g.Device.Index))
+		} else {
+			idx = append(idx, id)
+		}
+	}
+	if len(idx) == 1 {
+		return "GPU " + idx[0]
+	}
+	return "GPUs " + strings.Join(idx, ", ")
+}
+
+// actedLine says what the actions of this run did.
+func actedLine(actions []remediate.Action) string {
+	var parts []string
+	for _, a := range actions {
+		var pids []string
+		for _, t := range a.Targets {
+			pids = append(pids, strconv.Itoa(t.PID))
+		}
+		s := fmt.Sprintf("signalled %d processes on GPU %d (PIDs %s), %s", len(a.Targets), a.GPUIndex, strings.Join(pids, ", "), a.State)
+		if a.State == remediate.StateSucceeded {
+			s += fmt.Sprintf(": %s back %.2f s after the first signal", size(a.FreedBytes), a.VerifySeconds)
+		}
+		if a.ID != "" {
+			s += " (action " + a.ID + ")"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
