@@ -199,3 +199,63 @@ func TestForgedSlicesGetNoToken(t *testing.T) {
 		}
 	}
 }
+
+// TestFullDiskNodeLeavesTheFleetBreakerClosed: issue 16, through the whole
+// dispatcher (intake, store, queue, forwarding). A user filled a node's
+// disk; its agent answers 503 to every alert. Three such alerts used to
+// open the fleet breaker (--limit.breaker-failures=3), and the next
+// healthy node's alert was held back. Now the three fail against their
+// node, the breaker stays closed, and the healthy node's agent gets its
+// alert with the token.
+func TestFullDiskNodeLeavesTheFleetBreakerClosed(t *testing.T) {
+	api := kubeapi.Start(t, agentsNamespace)
+	var fullHits sync.Mutex
+	fullCount := 0
+	full := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fullHits.Lock()
+		fullCount++
+		fullHits.Unlock()
+		http.Error(w, `{"error":"could not record the notification durably: database or disk is full"}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(full.Close)
+	healthy := newTokenListener(t)
+	targets := filepath.Join(t.TempDir(), "targets.json")
+	b, _ := json.Marshal(map[string]string{"node-full": full.URL, "node-ok": healthy.URL})
+	if err := os.WriteFile(targets, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := withAgentToken(t)
+	base := startDispatcher(t, api, targets, func(o *Options) {
+		token(o)
+		o.Limits.BreakerFailures, o.Limits.BreakerWindow = 3, time.Hour
+		o.Dispatch.MaxNodes, o.Dispatch.MaxFraction, o.Dispatch.Window = 10, 1, time.Hour
+	})
+	if r := postAlerts(t, base, "node-full", "node-full", "node-full"); r["accepted"] != 3 {
+		t.Fatalf("results %v", r)
+	}
+	testenv.Eventually(t, 20*time.Second, "the full node's three alerts to fail", func() bool {
+		n := 0
+		for _, a := range dispatcherActions(t, base) {
+			if a.Node == "node-full" && a.State == remediate.StateFailed && strings.Contains(a.Reason, "503") {
+				n++
+			}
+		}
+		return n == 3
+	})
+	if r := postAlerts(t, base, "node-ok"); r["accepted"] != 1 {
+		t.Fatalf("results %v", r)
+	}
+	testenv.Eventually(t, 20*time.Second, "the healthy node's agent to get its alert", func() bool { return len(healthy.got()) == 1 })
+	if got := healthy.got()[0]; got != "POST /api/v1/alerts Bearer "+agentToken {
+		t.Errorf("the healthy agent got %q", got)
+	}
+	_, mfs := testenv.Scrape(t, base+"/metrics")
+	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil); v != 0 {
+		t.Error("the fleet breaker opened")
+	}
+	fullHits.Lock()
+	defer fullHits.Unlock()
+	if fullCount != 3 {
+		t.Errorf("the full node's agent got %d requests, want 3 (one attempt each)", fullCount)
+	}
+}
