@@ -42,6 +42,24 @@ func TestParseContainer(t *testing.T) {
 		{"kind: innermost wins", "/system.slice/docker-" + id2 + ".scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + us + ".slice/cri-containerd-" + id + ".scope", id, uid},
 		{"docker in docker", "/docker/" + id2 + "/docker/" + id, id, ""},
 		{"hybrid v1 name", "/system.slice/docker-" + id + ".scope/init", id, ""},
+		// The kubelet's pod cgroups from the root (or a container's root),
+		// never in a user's delegated subtree, where anyone makes them.
+		{"user's subtree, systemd driver", "/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + us + ".slice/cri-containerd-" + id + ".scope", id, ""},
+		{"user's subtree, cgroupfs driver", "/user.slice/user-1000.slice/user@1000.service/kubepods/burstable/pod" + uid + "/" + id, id, ""},
+		{"user's subtree, pod slice alone", "/user.slice/user-1000.slice/user@1000.service/kubepods-pod" + us + ".slice", "", ""},
+		{"user's rootless kind", "/user.slice/user-1000.slice/user@1000.service/user.slice/docker-" + id2 + ".scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + us + ".slice/cri-containerd-" + id + ".scope", id, ""},
+		{"under a service", "/system.slice/cron.service/kubepods.slice/kubepods-pod" + us + ".slice", "", ""},
+		{"under a service, cgroupfs", "/system.slice/cron.service/kubepods/pod" + uid + "/" + id, id, ""},
+		{"pod slice without its parents", "/kubepods-burstable-pod" + us + ".slice", "", ""},
+		{"pod slice in the wrong parent", "/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod" + us + ".slice", "", ""},
+		{"pod slice in a scope", "/kubepods.slice/x.scope/kubepods-pod" + us + ".slice", "", ""},
+		// Relative to a reader's cgroup namespace (the exporter's pod):
+		// the parents above the common ancestor are the reader's own.
+		{"relative, from another pod", "/../../../kubepods-besteffort.slice/kubepods-besteffort-pod" + us + ".slice/cri-containerd-" + id + ".scope", id, uid},
+		{"relative, same QoS", "/../../kubepods-besteffort-pod" + us + ".slice/cri-containerd-" + id + ".scope", id, uid},
+		{"relative, from the root", "/../../../../kubepods.slice/kubepods-pod" + us + ".slice", "", uid},
+		{"relative, wrong parent", "/../../foo.slice/kubepods-besteffort-pod" + us + ".slice", "", ""},
+		{"relative, user's subtree", "/../../../../user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-pod" + us + ".slice", "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,6 +116,9 @@ func FuzzParseCgroup(f *testing.F) {
 		}
 		if p != "" && (!isPodUID(p) || !strings.Contains(strings.ReplaceAll(path, "_", "-"), p)) {
 			t.Errorf("pod %q from %q", p, path)
+		}
+		if j, s := parseSlurm(path); j != "" && (!isDigits(j) || !strings.Contains(path, "job_"+j)) || s != "" && (j == "" || !isStep(s)) {
+			t.Errorf("Slurm job %q, step %q from %q", j, s, path)
 		}
 	})
 }

@@ -11,28 +11,56 @@ import "strings"
 //	v2: /system.slice/slurmstepd.scope/job_<job>/step_<step>/user/task_<n>
 //	    /system.slice/<nodename>_slurmstepd.scope/job_<job>/...
 //
-// <step> is a number or batch, extern, interactive. A path that has no
-// Slurm root segment names no job, whatever its other segments say.
+// <step> is a number or batch, extern, interactive. Those are the paths
+// from the cgroup root, or from a container's (slurmd in a pod), never
+// under a user's delegated subtree (cgroupAnchors): a user may create
+// /user.slice/user-1000.slice/user@1000.service/slurmstepd.scope/job_4242
+// there, and it is no job of Slurm's. A reader in a cgroup namespace of
+// its own sees a v2 job as ../slurmstepd.scope/job_<job>/..., relative to
+// the system.slice it shares.
 func parseSlurm(path string) (job, step string) {
-	inSlurm := false
-	for seg := range strings.SplitSeq(path, "/") {
-		switch {
-		case seg == "slurm" || strings.HasPrefix(seg, "slurm_") ||
-			seg == "slurmstepd.scope" || strings.HasSuffix(seg, "_slurmstepd.scope"):
-			inSlurm = true
-		case !inSlurm:
-		case job == "":
-			if j, ok := strings.CutPrefix(seg, "job_"); ok && isDigits(j) {
-				job = j
-			}
-		default:
-			if s, ok := strings.CutPrefix(seg, "step_"); ok && isStep(s) {
-				return job, s
-			}
-			return job, ""
+	segs, up := cgroupSegments(path)
+	for _, a := range cgroupAnchors(segs) {
+		if j, s := slurmAt(segs[a:], a == 0 && up > 0); j != "" {
+			job, step = j, s
 		}
 	}
-	return job, ""
+	return job, step
+}
+
+// slurmAt matches slurmd's layout at the start of segs; partial allows the
+// v2 scope's system.slice to be hidden above it (a relative path).
+func slurmAt(segs []string, partial bool) (job, step string) {
+	var rest []string
+	switch {
+	case len(segs) >= 3 && (segs[0] == "slurm" || strings.HasPrefix(segs[0], "slurm_")) && isUID(segs[1]):
+		rest = segs[2:]
+	case len(segs) >= 3 && segs[0] == "system.slice" && isStepdScope(segs[1]):
+		rest = segs[2:]
+	case len(segs) >= 2 && partial && isStepdScope(segs[0]):
+		rest = segs[1:]
+	default:
+		return "", ""
+	}
+	j, ok := strings.CutPrefix(rest[0], "job_")
+	if !ok || !isDigits(j) {
+		return "", ""
+	}
+	if len(rest) > 1 {
+		if s, ok := strings.CutPrefix(rest[1], "step_"); ok && isStep(s) {
+			return j, s
+		}
+	}
+	return j, ""
+}
+
+func isStepdScope(seg string) bool {
+	return seg == "slurmstepd.scope" || strings.HasSuffix(seg, "_slurmstepd.scope")
+}
+
+func isUID(seg string) bool {
+	u, ok := strings.CutPrefix(seg, "uid_")
+	return ok && isDigits(u)
 }
 
 func isStep(s string) bool {
