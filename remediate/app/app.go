@@ -197,7 +197,9 @@ func Run(ctx context.Context, o Options) error {
 		// driver while the engine drains at shutdown.
 		defer release()
 	}
-	if err := os.MkdirAll(filepath.Dir(o.StorePath), 0o750); err != nil {
+	// 0700: the audit record holds every command line the remediator saw
+	// (the files themselves are 0600, whatever the umask).
+	if err := os.MkdirAll(filepath.Dir(o.StorePath), 0o700); err != nil {
 		return fmt.Errorf("creating the directory of --store.path: %w", err)
 	}
 	st, err := store.Open(ctx, o.StorePath)

@@ -46,6 +46,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if err := checkDir(filepath.Dir(abs)); err != nil {
 		return nil, err
 	}
+	if err := privateFiles(abs); err != nil {
+		return nil, err
+	}
 
 	// Pragmas go in the DSN so that a connection the pool replaces gets
 	// them too. _txlock=immediate takes the write lock at BEGIN: a
@@ -143,6 +146,52 @@ func checkDir(dir string) error {
 	f.Close()
 	if err := os.Remove(name); err != nil {
 		return fmt.Errorf("store directory %s: removing probe file: %w", dir, err)
+	}
+	return nil
+}
+
+// FileMode is the mode of the audit database and of its -wal and -shm
+// files: they hold every command line of every process that was signalled
+// or excluded, which other users of the node must not read.
+const FileMode os.FileMode = 0o600
+
+// privateFiles creates the database file with FileMode, or brings an
+// existing one (and its -wal and -shm) to it, before SQLite opens it.
+// SQLite creates a new database with 0644 less the umask, but it creates
+// -wal and -shm with the database's own mode, whatever the umask: so a
+// 0600 database gives 0600 companions.
+func privateFiles(abs string) error {
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, FileMode)
+	if err != nil {
+		return fmt.Errorf("opening the audit database %s: %w", abs, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("the audit database %s: %w", abs, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("the audit database %s is not a file", abs)
+	}
+	if fi.Mode().Perm() != FileMode {
+		if err := f.Chmod(FileMode); err != nil {
+			return fmt.Errorf("the audit database %s has mode %#o, which lets other users read it, and could not be made %#o: %w",
+				abs, fi.Mode().Perm(), FileMode, err)
+		}
+	}
+	for _, suffix := range []string{"-wal", "-shm"} {
+		fi, err := os.Lstat(abs + suffix)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("the audit database's %s: %w", abs+suffix, err)
+		}
+		if fi.Mode().IsRegular() && fi.Mode().Perm() != FileMode {
+			if err := os.Chmod(abs+suffix, FileMode); err != nil {
+				return fmt.Errorf("%s has mode %#o and could not be made %#o: %w", abs+suffix, fi.Mode().Perm(), FileMode, err)
+			}
+		}
 	}
 	return nil
 }
