@@ -85,6 +85,57 @@ type Action struct {
 	// it. The evidence, targets, freed bytes and dead owners above are then
 	// the agent's, copied from its record.
 	Agent *AgentResult `json:"agent,omitempty"`
+
+	// Attempt numbers the actions of one alert (fingerprint, startsAt),
+	// from 1. A later attempt is made when the one before it ended with the
+	// memory still held (MemoryHeld): taken up at start-up when a restart
+	// interrupted it, or on Alertmanager's next notification of the alert
+	// once the cooldown has passed; never more than the store's
+	// MaxAttempts. Each attempt plans from a fresh snapshot.
+	Attempt int `json:"attempt"`
+	// FirstActionID is the alert's first action, and RetryOf the attempt
+	// this one follows; both empty on a first attempt.
+	FirstActionID string `json:"first_action_id,omitempty"`
+	RetryOf       string `json:"retry_of,omitempty"`
+	// Escalation is set on a failed action whose targets are all gone while
+	// the memory stays held by something the plan could not prove or could
+	// not see (EscalationHiddenHolder, EscalationUnprovenHolder): a case for
+	// a human, which the circuit breaker does not count, since the
+	// remediator's own signals did all they could.
+	Escalation string `json:"escalation,omitempty"`
+}
+
+// Escalations (Action.Escalation).
+const (
+	// EscalationHiddenHolder: no process visible in /proc holds the GPU,
+	// yet its memory stays: a descriptor in flight in a UNIX socket
+	// message that nobody receives, a process in another PID namespace, or
+	// the driver.
+	EscalationHiddenHolder = "hidden_holder"
+	// EscalationUnprovenHolder: processes that the plan did not target
+	// still hold the GPU, and nothing proves that they inherited a dead
+	// owner's context.
+	EscalationUnprovenHolder = "unproven_holder"
+)
+
+// MemoryHeld reports whether a finished action ended with the memory it
+// was about still held: it failed, a restart interrupted it, or it
+// succeeded with other holders remaining. A dispatcher's forwarded action
+// is judged by its agent's outcome. Such an action's alert gets a new
+// attempt; one that brought the memory back, a dry run or a skipped plan
+// does not.
+func (a Action) MemoryHeld() bool {
+	state, leftovers := a.State, len(a.Leftover) > 0
+	if a.Agent != nil && a.State == StateSucceeded {
+		state = a.Agent.State
+	}
+	switch state {
+	case StateFailed, StateInterrupted:
+		return true
+	case StateSucceeded:
+		return leftovers
+	}
+	return false
 }
 
 // DeadOwner is a dead PID that NVML still charged memory to when an action

@@ -16,6 +16,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 	m.Requests.WithLabelValues("200")
 	m.LastAction.WithLabelValues(string(StateSucceeded))
 	m.CountOrphan(Action{State: StateSucceeded})
+	m.CountEscalation(Action{State: StateFailed, Escalation: EscalationHiddenHolder})
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

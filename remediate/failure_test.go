@@ -6,34 +6,25 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 )
 
-// TestFailedCleanupOpensBreaker: when the memory does not come back, the
-// action fails and says what is left and what a human should do; the
-// breaker then opens, holds further work back, and a human resets it.
+// TestFailedCleanupOpensBreaker: when a target survives its signals and
+// the memory does not come back, the action fails and says what is left
+// and what a human should do; the breaker then opens, holds further work
+// back, and a human resets it. (Memory that stays after every target
+// exited is an escalation instead, which never opens the breaker:
+// TestBreakerIgnoresHiddenHolders.)
 func TestFailedCleanupOpensBreaker(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
-	// This test process takes a copy of the child's context descriptor
-	// (pidfd_getfd), as a holder outside our view would: killing every
-	// suspect then frees nothing.
-	pidfd, err := unix.PidfdOpen(w.Children[0], 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const childContextFD = 4
-	held, err := unix.PidfdGetfd(pidfd, childContextFD, 0)
-	unix.Close(pidfd)
-	if err != nil {
-		t.Skipf("pidfd_getfd: %v (needs ptrace rights over the child)", err)
-	}
-	defer unix.Close(held)
+	// This test process traces the child so that it cannot finish dying:
+	// it survives SIGTERM and SIGKILL, its context open, as a process stuck
+	// in the kernel does.
+	holdAtExit(t, w.Children[0])
 	w.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.verify-timeout=2s",
@@ -46,10 +37,10 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	if a.State != remediate.StateFailed {
 		t.Fatalf("action %s (%s), want failed", a.State, a.Reason)
 	}
-	if len(a.Targets) != 1 || a.Targets[0].Outcome != "exited_after_sigterm" {
-		t.Errorf("targets %+v", a.Targets)
+	if len(a.Targets) != 1 || a.Targets[0].Outcome != "still_alive" || a.Escalation != "" {
+		t.Errorf("targets %+v, escalation %q", a.Targets, a.Escalation)
 	}
-	if len(a.Leftover) == 0 || a.Leftover[0].Kind != "driver" || a.NextStep == "" {
+	if len(a.Leftover) == 0 || a.Leftover[0].PID != w.Children[0] || a.Leftover[0].Kind != "alive" || a.NextStep == "" {
 		t.Errorf("leftover %+v, next step %q", a.Leftover, a.NextStep)
 	}
 	if a.After == nil || a.After.UnownedBytes < 2048<<20 {

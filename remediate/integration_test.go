@@ -324,44 +324,5 @@ func TestDuplicatesActOnce(t *testing.T) {
 	}
 }
 
-// TestRestartMidCleanup: a remediator killed with -9 in the middle of a
-// cleanup loses nothing and repeats nothing.
-func TestRestartMidCleanup(t *testing.T) {
-	skipShort(t)
-	root := testenv.SimNode(t, 2)
-	uuid := gpuUUID(t, root, 1)
-	w := testenv.StartWorkload(t, root, 1, 2048, 2, "--ignore-sigterm")
-	w.KillParent(t)
-	storePath := filepath.Join(t.TempDir(), "r.db")
-	// A long grace keeps the ladder waiting between SIGTERM and SIGKILL.
-	url, stop := startAgent(t, root, storePath, "--act", "--remediate.grace=30s")
-	startsAt := time.Now().Add(-time.Minute)
-	if code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(5), startsAt))); code != http.StatusOK {
-		t.Fatalf("post: %d %s", code, body)
-	}
-	testenv.Eventually(t, 15*time.Second, "the action to be running", func() bool {
-		as := actions(t, url)
-		return len(as) == 1 && as[0].State == remediate.StateRunning && len(as[0].Targets) == 2
-	})
-	stop(syscall.SIGKILL)
-
-	url, _ = startAgent(t, root, storePath, "--act", "--remediate.grace=30s")
-	as := actions(t, url)
-	if len(as) != 1 || as[0].State != remediate.StateInterrupted {
-		t.Fatalf("after restart: %+v", as)
-	}
-	// The same alert again (Alertmanager's repeat): a duplicate, no new action.
-	code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(5), startsAt)))
-	if code != http.StatusOK || results(t, body)["duplicate"] != 1 {
-		t.Fatalf("repeat: %d %s", code, body)
-	}
-	time.Sleep(time.Second)
-	if as := actions(t, url); len(as) != 1 {
-		t.Fatalf("a repeat after restart created another action: %d", len(as))
-	}
-	for _, c := range w.Children {
-		if !testenv.Alive(c) {
-			t.Errorf("child %d died: SIGTERM is ignored, and SIGKILL must not come after the restart", c)
-		}
-	}
-}
+// A remediator killed with -9 mid-cleanup and restarted: TestCrashAtEveryStep
+// (crash_test.go), at each step of the cleanup.

@@ -26,6 +26,9 @@ type Metrics struct {
 	LastAction     *prometheus.GaugeVec
 	// RecordedDescendants is snapshot.Lineage.RecordedDescendants.
 	RecordedDescendants prometheus.Gauge
+	// Escalations are by the user whose dead owner left the memory and
+	// by Action.Escalation; see CountEscalation.
+	Escalations *prometheus.CounterVec
 }
 
 // NewMetrics creates the instruments and registers them on reg.
@@ -60,6 +63,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "When the last action with that state finished."}, []string{"state"}),
 		RecordedDescendants: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "recorded_descendants",
 			Help: "Processes seen descending from a GPU's owner, holding its GPU, while the owner lived: once it dies, the proof that they hold its context."}),
+		Escalations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "escalations_total",
+			Help: "Cleanups whose targets all exited while the memory stayed held, by the user whose dead process left it and by kind: hidden_holder (no process visible holds it) or unproven_holder (holders nothing proves inherited it). A human's case; never counted toward the circuit breaker."}, []string{"user", "kind"}),
 	}
 	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
 		m.Notifications.WithLabelValues(r)
@@ -74,8 +79,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Limited.WithLabelValues(l)
 	}
 	reg.MustRegister(m.Notifications, m.Requests, m.AuthFailures, m.Actions, m.FreedBytes, m.OrphanedEvents, m.ActionDuration,
-		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction, m.RecordedDescendants)
+		m.Signals, m.Limited, m.BreakerOpen, m.QueueDepth, m.StoreUp, m.LastAction, m.RecordedDescendants, m.Escalations)
 	return m
+}
+
+// CountEscalation counts an escalated action (Action.Escalation) once for
+// each user among its dead owners (UnknownUser without one), so that the
+// users whose jobs leave memory nobody can reclaim stand out, while the
+// breaker, which they cannot trip this way, keeps other users' cleanups
+// going.
+func (m *Metrics) CountEscalation(a Action) {
+	users := map[string]bool{}
+	for _, o := range a.DeadOwners {
+		users[o.UserLabel()] = true
+	}
+	if len(users) == 0 {
+		users[UnknownUser] = true
+	}
+	for u := range users {
+		m.Escalations.WithLabelValues(u, a.Escalation).Inc()
+	}
 }
 
 // UnknownUser is the user label of memory whose dead owner the remediator

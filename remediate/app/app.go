@@ -207,6 +207,10 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer st.Close()
+	// An alert whose action left its memory held gets another attempt on
+	// its next notification once the GPU's cooldown has passed; the
+	// cooldown is measured from the record, so it holds across restarts.
+	st.SetRetry(store.RetryPolicy{MaxAttempts: store.DefaultMaxAttempts, Cooldown: o.Limits.Cooldown})
 	r, err := wire(st)
 	if err != nil {
 		return err

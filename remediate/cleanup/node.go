@@ -75,6 +75,9 @@ func New(cfg Config) *Node {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if w := pauseWarning(); w != "" {
+		cfg.Logger.Warn(w)
+	}
 	return &Node{cfg: cfg}
 }
 
@@ -136,9 +139,14 @@ func (n *Node) Execute(ctx context.Context, a remediate.Action) (remediate.Actio
 		return a, 0
 	}
 	a = n.Act(ctx, a, plan)
-	if a.State == remediate.StateSucceeded {
+	switch {
+	case a.State == remediate.StateSucceeded:
 		permit.Done(limits.Succeeded)
-	} else {
+	case a.Escalation != "":
+		// Our targets are gone: what keeps the memory is not the
+		// remediator's failure, and must not stop other users' cleanups.
+		permit.Done(limits.Escalated)
+	default:
 		permit.Done(limits.Failed)
 	}
 	return a, 0
@@ -163,12 +171,26 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		a.State, a.Reason = remediate.StateFailed, "refused to act: the plan could not be recorded: "+err.Error()
 		return a
 	}
+	pausePoint(PausePlanRecorded)
 	ladder := *n.cfg.Ladder
-	// Every signal is recorded; when a record cannot be written the
-	// ladder stops: no signal goes unaccounted for.
+	// Every signal is recorded before it is sent; when a record cannot be
+	// written the signal is not sent and the ladder stops: no signal goes
+	// unaccounted for, even if the remediator dies the moment after.
 	ladderCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	// The ladder calls OnSignal from each target's goroutine.
+	// The ladder calls BeforeSignal and OnSignal from each target's
+	// goroutine.
+	ladder.BeforeSignal = func(pid int, sig unix.Signal) error {
+		if n.cfg.Recorder == nil {
+			return nil
+		}
+		if err := n.cfg.Recorder.AddEvent(ctx, a.ID, "signal", map[string]any{"pid": pid, "signal": unix.SignalName(sig)}); err != nil {
+			n.cfg.Logger.Error("Recording a signal failed: not sending it, and stopping the action", "action", a.ID, "err", err)
+			stop(fmt.Errorf("recording a signal: %w", err))
+			return err
+		}
+		return nil
+	}
 	var firstSignalOnce sync.Once
 	firstSignal := time.Time{}
 	ladder.OnSignal = func(pid int, sig unix.Signal) {
@@ -179,11 +201,11 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		}
 		// The ladder itself logs each signal at info.
 		n.cfg.Logger.Debug("Signal sent", "action", a.ID, "pid", pid, "signal", name)
-		if n.cfg.Recorder != nil {
-			if err := n.cfg.Recorder.AddEvent(ctx, a.ID, "signal", map[string]any{"pid": pid, "signal": name}); err != nil {
-				n.cfg.Logger.Error("Recording a signal failed: stopping the action", "action", a.ID, "err", err)
-				stop(fmt.Errorf("recording a signal: %w", err))
-			}
+		switch sig {
+		case unix.SIGTERM:
+			pausePoint(PauseSIGTERMSent)
+		case unix.SIGKILL:
+			pausePoint(PauseSIGKILLSent)
 		}
 	}
 	a.Targets = ladder.Kill(ladderCtx, a.Targets)
@@ -232,18 +254,38 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		a.Leftover = n.leftovers(a, g)
 		a.Reason = "processes the plan did not name still hold the GPU, and nothing proves that they inherited a dead owner's context: " + unplannedSummary(a, g)
 		a.NextStep = "look at them with `gpu-orphan ps`; gpu-orphan signals only what the kernel proves holds the dead owner's context"
+		a.Escalation = remediate.EscalationUnprovenHolder
 	default:
 		a.State = remediate.StateFailed
 		a.Reason = "memory did not come back within " + n.cfg.VerifyTimeout.String()
 		a.Leftover = n.leftovers(a, g)
 		a.NextStep = nextStep(a)
+		if targetsGone(a.Targets) {
+			// Every target exited: whatever keeps the memory is beyond
+			// what the remediator's signals can reach.
+			a.Escalation = escalation(a.Leftover)
+			if a.Escalation == remediate.EscalationHiddenHolder {
+				a.NextStep = hiddenHolderNextStep(a)
+			}
+		}
 	}
 	if n.cfg.Metrics != nil {
 		// As verified: memory that came back counts even if its record
 		// fails below.
 		n.cfg.Metrics.CountOrphan(a)
+		if a.Escalation != "" {
+			n.cfg.Metrics.CountEscalation(a)
+		}
 	}
-	if err := n.record(ctx, a, "verify", map[string]any{"state": a.State, "freed_bytes": a.FreedBytes, "seconds": a.VerifySeconds}); err != nil {
+	if a.Escalation != "" {
+		n.cfg.Logger.Warn("Escalation: the targets are gone but the memory stays; not counted toward the circuit breaker",
+			"action", a.ID, "gpu", a.GPUUUID, "escalation", a.Escalation, "users", strings.Join(deadOwnerUsers(a), ","), "next_step", a.NextStep)
+	}
+	detail := map[string]any{"state": a.State, "freed_bytes": a.FreedBytes, "seconds": a.VerifySeconds}
+	if a.Escalation != "" {
+		detail["escalation"] = a.Escalation
+	}
+	if err := n.record(ctx, a, "verify", detail); err != nil {
 		n.cfg.Logger.Error("Recording the verification failed", "action", a.ID, "err", err)
 		a.State = remediate.StateFailed
 		a.Reason = "the audit record of the verification could not be written: " + err.Error()
@@ -315,6 +357,7 @@ func (n *Node) record(ctx context.Context, a remediate.Action, kind string, deta
 // device node mapped are those the plan excluded by name; unplanned when
 // others hold it; failed at the timeout.
 func (n *Node) verify(ctx context.Context, a remediate.Action) (*remediate.MemoryEvidence, snapshot.GPU, verdict) {
+	pausePoint(PauseVerifying)
 	start := time.Now()
 	deadline := start.Add(n.cfg.VerifyTimeout)
 	var last snapshot.GPU
@@ -467,6 +510,42 @@ func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftove
 			Detail: "no process visible in this PID namespace holds the GPU: the memory is held by a process in another PID namespace or by the driver itself"})
 	}
 	return out
+}
+
+// escalation names what keeps the memory of a failed action whose
+// targets are all gone: nothing visible in /proc, or visible holders that
+// the plan did not target.
+func escalation(ls []remediate.Leftover) string {
+	for _, l := range ls {
+		if l.PID != 0 {
+			return remediate.EscalationUnprovenHolder
+		}
+	}
+	return remediate.EscalationHiddenHolder
+}
+
+// deadOwnerUsers are the users whose dead processes left the memory, as
+// metric labels, sorted.
+func deadOwnerUsers(a remediate.Action) []string {
+	var users []string
+	for _, o := range a.DeadOwners {
+		if u := o.UserLabel(); !slices.Contains(users, u) {
+			users = append(users, u)
+		}
+	}
+	if len(users) == 0 {
+		users = []string{remediate.UnknownUser}
+	}
+	slices.Sort(users)
+	return users
+}
+
+func hiddenHolderNextStep(a remediate.Action) string {
+	return "no process visible in /proc holds the GPU, yet its memory stays: the dead owner's context is held where /proc shows no holder " +
+		"(a descriptor sent in a UNIX socket message that nobody receives, a process in another PID namespace) or by the driver. " +
+		"The dead owner's user: " + strings.Join(deadOwnerUsers(a), ", ") + "; look at that user's processes and their UNIX sockets " +
+		"(`ss -xp`), and ask them. If nothing is found, drain the node and reset the GPU (nvidia-smi --gpu-reset -i " + strconv.Itoa(a.GPUIndex) + "). " +
+		"This is not counted toward the circuit breaker: other users' cleanups go on"
 }
 
 func nextStep(a remediate.Action) string {

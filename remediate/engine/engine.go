@@ -56,16 +56,29 @@ func (e *Engine) Wake() {
 	}
 }
 
-// Recover marks actions that a previous run left running as interrupted.
-// They are never resumed: a cleanup half done is not repeated blindly.
+// Recover marks actions that a previous run left running as interrupted,
+// and queues the next attempt of each that an alert created (within the
+// store's retry policy): that attempt takes a fresh snapshot and plans
+// again under the same rules, so a cleanup half done is finished, never
+// replayed from the old target list.
 func (e *Engine) Recover(ctx context.Context) error {
-	interrupted, err := e.store.MarkInterrupted(ctx)
+	interrupted, resumed, err := e.store.Recover(ctx)
 	if err != nil {
 		return err
 	}
+	next := map[string]remediate.Action{}
+	for _, a := range resumed {
+		next[a.RetryOf] = a
+	}
 	for _, a := range interrupted {
 		e.metrics.Actions.WithLabelValues(string(remediate.StateInterrupted)).Inc()
-		e.logger.Warn("Action was interrupted by a restart; it will not be repeated", "action", a.ID, "gpu", a.GPUUUID, "node", a.Node)
+		if n, ok := next[a.ID]; ok {
+			e.logger.Warn("Action was interrupted by a restart; taken up again from a fresh snapshot", "action", a.ID,
+				"gpu", a.GPUUUID, "node", a.Node, "next_action", n.ID, "attempt", n.Attempt)
+			continue
+		}
+		e.logger.Warn("Action was interrupted by a restart; no attempt is left for it (or its alert resolved): it will not be repeated",
+			"action", a.ID, "gpu", a.GPUUUID, "node", a.Node, "attempt", a.Attempt)
 	}
 	return nil
 }
@@ -80,8 +93,8 @@ func (e *Engine) StoreErr() error {
 
 // Run works the queue until ctx ends. Running actions then get up to drain
 // to finish their ladder and verification; one still running after that is
-// cut short, left running in the store, and marked interrupted at the next
-// start.
+// cut short, left running in the store, and marked interrupted (and taken
+// up again) at the next start.
 func (e *Engine) Run(ctx context.Context, drain time.Duration) {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
@@ -189,7 +202,7 @@ func (e *Engine) process(ctx context.Context, id string) time.Duration {
 	result, retryAfter := e.exec.Execute(ctx, a)
 	if errors.Is(ctx.Err(), context.Canceled) && result.State == remediate.StateRunning {
 		// Shutting down mid-action: leave it running so the next start
-		// marks it interrupted rather than repeating it.
+		// marks it interrupted and takes it up again from a fresh snapshot.
 		return 0
 	}
 	if result.State == remediate.StateQueued {

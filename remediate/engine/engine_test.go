@@ -97,7 +97,9 @@ func TestRunWorksTheQueue(t *testing.T) {
 }
 
 // TestRecoverMarksInterrupted: an action a previous run left running is
-// never resumed: it is marked interrupted, and counted.
+// marked interrupted, and counted; one that no alert created (the CLI's)
+// gets no further attempt (store.TestRecoverAfterRestart has those that
+// do).
 func TestRecoverMarksInterrupted(t *testing.T) {
 	st := openStore(t)
 	id, err := st.Insert(t.Context(), remediate.Action{Node: "n", GPUUUID: "GPU-a", State: remediate.StateRunning, Source: "webhook", StartedAt: time.Now()})

@@ -68,6 +68,12 @@ type Ladder struct {
 	ExitTimeout time.Duration
 	// Proc is the procfs that start times are read from.
 	Proc proc.FS
+	// BeforeSignal, when set, is called before each signal, from the
+	// target's goroutine (calls for different targets may overlap): the
+	// audit record writes it there, so that no signal is ever sent without
+	// its record, even if the remediator dies the moment after. An error
+	// leaves the signal unsent.
+	BeforeSignal func(pid int, sig unix.Signal) error
 	// OnSignal, when set, is called after each signal sent, from the
 	// target's goroutine: calls for different targets may overlap.
 	OnSignal func(pid int, sig unix.Signal)
@@ -306,6 +312,11 @@ func (l *Ladder) stillAlive(pfs procfs.FS, t *remediate.Target, err error) {
 
 // signal sends sig through the run's pidfd and records it.
 func (l *Ladder) signal(r *run, sig unix.Signal) error {
+	if l.BeforeSignal != nil {
+		if err := l.BeforeSignal(r.t.PID, sig); err != nil {
+			return fmt.Errorf("%s not sent to %d: %w", unix.SignalName(sig), r.t.PID, err)
+		}
+	}
 	if err := unix.PidfdSendSignal(r.fd, sig, nil, 0); err != nil {
 		return fmt.Errorf("pidfd_send_signal(%d, %s): %w", r.t.PID, unix.SignalName(sig), err)
 	}

@@ -29,9 +29,13 @@ type BreakerState struct {
 
 // Breaker stops all remediation after too many failed cleanups within a
 // sliding window. A failed cleanup means something the remediator does not
-// understand (a D-state holder, a driver leak), and repeating it will not
-// help, so once open it stays open until a human calls Reset: it never
-// closes by itself. The node Limiter and the Fleet each hold one.
+// understand (a target that survived SIGKILL in D state), and repeating it
+// will not help, so once open it stays open until a human calls Reset: it
+// never closes by itself. The node Limiter and the Fleet each hold one.
+// Only failures of the remediator's own doing count: memory that a
+// holder nobody can see keeps after every target exited is an escalation
+// (Escalated), which any user could cause at will, and it must not switch
+// remediation off for everyone.
 //
 // A Breaker is safe for concurrent use.
 type Breaker struct {

@@ -88,6 +88,14 @@ const (
 	Failed
 	// NoSignals: nothing was signalled, as in a dry run or a skipped plan.
 	NoSignals
+	// Escalated: signals were sent and every target is gone, yet the
+	// memory did not come back: something the remediator cannot see or
+	// prove keeps it (a descriptor in flight in a UNIX socket, another
+	// PID namespace, a holder without proof). Like Failed it starts the
+	// cooldown and takes the token, but it never counts toward the
+	// breaker: any user can make one, and the breaker would then stop
+	// every other user's cleanups.
+	Escalated
 )
 
 func (r Result) String() string {
@@ -98,6 +106,8 @@ func (r Result) String() string {
 		return "failed"
 	case NoSignals:
 		return "no_signals"
+	case Escalated:
+		return "escalated"
 	}
 	return fmt.Sprintf("Result(%d)", int(r))
 }
@@ -159,9 +169,11 @@ type permit struct {
 	done    bool // guarded by l.mu
 }
 
-// Done releases the permit and records how the action ended. Succeeded and
-// Failed start the GPU's cooldown and take the permit's token; Failed also
-// counts toward the breaker. NoSignals (a dry run, a skipped plan) only
+// Done releases the permit and records how the action ended. Succeeded,
+// Failed and Escalated start the GPU's cooldown and take the permit's
+// token; Failed alone counts toward the breaker: only a failure that the
+// remediator's own targets cause (a target that survived its signals, or
+// could not be signalled) says that acting again may do harm. NoSignals (a dry run, a skipped plan) only
 // releases the slot: nothing was done to the GPU, so there is nothing to
 // cool down from, and a dry run then never holds back the cleanup that a
 // later run with --act would do.
@@ -241,7 +253,7 @@ func (l *Limiter) done(p *permit, result Result) {
 
 	// Outside l.mu, so that OnBreakerChange may call State. An Acquire
 	// that slips in meanwhile is no different from one a moment earlier.
-	if signalled && result != Succeeded {
+	if signalled && result != Succeeded && result != Escalated {
 		l.breaker.RecordFailure(p.gpu)
 	}
 }

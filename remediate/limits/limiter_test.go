@@ -64,6 +64,7 @@ func TestCooldown(t *testing.T) {
 		{Succeeded, 10 * time.Minute, LimitCooldown},
 		{Failed, 10 * time.Minute, LimitCooldown},
 		{NoSignals, 10 * time.Minute, ""},
+		{Escalated, 10 * time.Minute, LimitCooldown},
 		{Succeeded, 0, ""},
 		{Result(0), 10 * time.Minute, LimitCooldown}, // not a Result: treated as Failed
 	} {
@@ -320,6 +321,24 @@ func TestLimiterBreaker(t *testing.T) {
 	}
 	if want := []bool{true, false}; fmt.Sprint(changes) != fmt.Sprint(want) {
 		t.Fatalf("OnBreakerChange calls = %v, want %v", changes, want)
+	}
+}
+
+// TestEscalationsNeverOpenTheBreaker: any number of escalations (targets
+// gone, memory held by what the remediator cannot see) leave the breaker
+// closed and cost their token; one failure of our own still counts.
+func TestEscalationsNeverOpenTheBreaker(t *testing.T) {
+	clock := NewFakeClock(t0)
+	l := New(only(func(c *Config) { c.BreakerFailures, c.BreakerWindow, c.Rate, c.Burst = 1, time.Hour, 100, 10 }), clock)
+	for i := range 5 {
+		mustAcquire(t, l, fmt.Sprintf("GPU-%d", i)).Done(Escalated)
+	}
+	if st := l.State(); st.Breaker.Open || st.Breaker.Failures != 0 || st.Tokens > 5.01 {
+		t.Fatalf("after 5 escalations: %+v", st)
+	}
+	mustAcquire(t, l, "GPU-x").Done(Failed)
+	if !l.BreakerOpen() {
+		t.Fatal("a failure of our own with BreakerFailures=1 left the breaker closed")
 	}
 }
 

@@ -22,7 +22,7 @@ const ReasonInterrupted = "remediator restarted mid-action"
 var actionColumnList = []string{"id", "node", "gpu_uuid", "gpu_index", "policy", "state", "reason", "dry_run",
 	"alert_fingerprint", "alert_starts_at", "source", "freed_bytes", "started_at", "finished_at", "verify_seconds",
 	"before_json", "after_json", "targets_json", "excluded_json", "leftover_json", "next_step",
-	"dead_owners_json", "agent_json"}
+	"dead_owners_json", "agent_json", "attempt", "first_action_id", "retry_of", "escalation"}
 
 var (
 	actionColumns   = strings.Join(actionColumnList, ", ")
@@ -63,7 +63,7 @@ func actionValues(a remediate.Action) ([]any, error) {
 		}
 		vals = append(vals, j)
 	}
-	return vals, nil
+	return append(vals, max(a.Attempt, 1), a.FirstActionID, a.RetryOf, a.Escalation), nil
 }
 
 // writeOwners replaces the action_owners rows of an action with its dead
@@ -109,7 +109,8 @@ func scanAction(r rowScanner) (remediate.Action, error) {
 	)
 	if err := r.Scan(&a.ID, &a.Node, &a.GPUUUID, &a.GPUIndex, &a.Policy, &a.State, &a.Reason, &a.DryRun,
 		&a.AlertFingerprint, &alertStarts, &a.Source, &freed, &started, &finished, &a.VerifySeconds,
-		&before, &after, &targets, &excluded, &leftovers, &a.NextStep, &deadOwners, &agent); err != nil {
+		&before, &after, &targets, &excluded, &leftovers, &a.NextStep, &deadOwners, &agent,
+		&a.Attempt, &a.FirstActionID, &a.RetryOf, &a.Escalation); err != nil {
 		return a, err
 	}
 	a.FreedBytes = uint64(freed)
@@ -246,33 +247,6 @@ func (s *Store) Claim(ctx context.Context, id string) (remediate.Action, bool, e
 		return remediate.Action{}, false, nil
 	}
 	return a, true, nil
-}
-
-// MarkInterrupted is for startup: every action still running was cut off
-// by a restart. They become interrupted, never resumed, so nothing is done
-// twice; queued actions stay queued. It returns the interrupted actions.
-func (s *Store) MarkInterrupted(ctx context.Context) ([]remediate.Action, error) {
-	now := time.Now()
-	var out []remediate.Action
-	err := s.withTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		out, err = queryActions(ctx, tx, `UPDATE actions SET state = ?, reason = ?, finished_at = ?
-			WHERE state = ? RETURNING `+actionColumns,
-			remediate.StateInterrupted, ReasonInterrupted, formatTime(now), remediate.StateRunning)
-		if err != nil {
-			return err
-		}
-		for _, a := range out {
-			if err := addEvent(ctx, tx, a.ID, now, "interrupted", map[string]string{"reason": ReasonInterrupted}); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("marking running actions interrupted: %w", err)
-	}
-	return out, nil
 }
 
 // Filter selects actions. Zero fields match everything.

@@ -64,12 +64,18 @@ type AlertOutcome struct {
 	ActionID string `json:"action_id,omitempty"`
 	// Reason says why an alert was ignored.
 	Reason string `json:"reason,omitempty"`
+	// Attempt and RetryOf are set when the alert was accepted again: its
+	// last action left the memory held, and ActionID is the next attempt.
+	Attempt int    `json:"attempt,omitempty"`
+	RetryOf string `json:"retry_of,omitempty"`
 }
 
 // RecordNotification records a notification and decides, per alert, in one
 // transaction committed before it returns: a firing candidate seen for the
 // first time queues an action; a key (fingerprint, startsAt) seen before is
-// a duplicate and never a second action; a resolved alert cancels its
+// a duplicate, unless its last action ended with the memory still held, in
+// which case it queues the next attempt once the cooldown has passed, up
+// to the RetryPolicy's MaxAttempts; a resolved alert cancels its latest
 // action if that is still queued. A new action's StartedAt is n.ReceivedAt,
 // its GPUIndex the alert's "gpu" label (-1 without one). On error nothing
 // was recorded, and the sender should retry.
@@ -198,6 +204,14 @@ func (s *Store) recordAlert(ctx context.Context, tx *sql.Tx, now time.Time, a Al
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return o, fmt.Errorf("resolving alert: %w", err)
+		}
+	}
+
+	// Seen before, firing, and its last attempt left the memory held: the
+	// next attempt, once the cooldown has passed (RetryPolicy).
+	if candidate {
+		if o, ok, err := s.retryAlert(ctx, tx, now, a); err != nil || ok {
+			return o, err
 		}
 	}
 

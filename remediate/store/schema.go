@@ -140,6 +140,19 @@ CREATE TABLE state (
 	updated_at TEXT NOT NULL
 );
 `,
+	// 4: attempts (issue 16). An alert whose action ended with its memory
+	// still held gets another action, linked to the first (first_action_id)
+	// and to the one it follows (retry_of); attempt numbers them from 1.
+	// escalation is Action.Escalation. Rows of earlier versions are first
+	// attempts. alerts.action_id names the alert's latest attempt from now
+	// on, so that a resolved alert cancels that one.
+	`
+ALTER TABLE actions ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE actions ADD COLUMN first_action_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE actions ADD COLUMN retry_of TEXT NOT NULL DEFAULT '';
+ALTER TABLE actions ADD COLUMN escalation TEXT NOT NULL DEFAULT '';
+CREATE INDEX actions_alert ON actions(alert_fingerprint, alert_starts_at, attempt);
+`,
 }
 
 // SchemaVersion is the schema version this package writes.

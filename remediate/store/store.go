@@ -31,9 +31,10 @@ var ErrNoRoom = errors.New("store has no room for new records")
 
 // Store is the audit log and work queue. It is safe for concurrent use.
 type Store struct {
-	db   *sql.DB
-	path string
-	ids  idSource
+	db    *sql.DB
+	path  string
+	ids   idSource
+	retry RetryPolicy
 }
 
 // Open opens (creating if needed) the store at path and migrates its
@@ -73,7 +74,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
 
-	s := &Store{db: db, path: abs}
+	s := &Store{db: db, path: abs, retry: RetryPolicy{MaxAttempts: DefaultMaxAttempts}}
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening store %s: %w", abs, err)

@@ -91,7 +91,8 @@ func fullAction() remediate.Action {
 				LastSeen: t0.Add(-time.Minute)},
 			{PID: 4250, UsedBytes: 8 << 20},
 		},
-		Agent: &remediate.AgentResult{URL: "https://node-b:10836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
+		Agent:   &remediate.AgentResult{URL: "https://node-b:10836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
+		Attempt: 2, FirstActionID: "0000000000000001aaaaaaaa", RetryOf: "0000000000000001aaaaaaaa", Escalation: remediate.EscalationHiddenHolder,
 	}
 }
 
@@ -104,9 +105,9 @@ func TestActionRoundTrip(t *testing.T) {
 
 	for name, a := range map[string]remediate.Action{
 		"full":    fullAction(),
-		"minimal": {Node: "n", State: remediate.StateQueued, Source: "cli", StartedAt: t0},
+		"minimal": {Node: "n", State: remediate.StateQueued, Source: "cli", StartedAt: t0, Attempt: 1},
 		"empty slices": {Node: "n", State: remediate.StateQueued, Targets: []remediate.Target{},
-			Excluded: []remediate.Exclusion{}, StartedAt: t0, FinishedAt: &time.Time{}},
+			Excluded: []remediate.Exclusion{}, StartedAt: t0, FinishedAt: &time.Time{}, Attempt: 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			id, err := s.Insert(ctx, a)
@@ -381,7 +382,11 @@ func TestQueueAndClaim(t *testing.T) {
 	}
 }
 
-func TestMarkInterruptedAfterRestart(t *testing.T) {
+// TestRecoverAfterRestart: an action that a restart cut off is marked
+// interrupted and, since an alert created it, taken up again as a new
+// attempt, queued and linked to it; one without an alert (the CLI's) is
+// not; queued actions stay queued.
+func TestRecoverAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "store.db")
 	s := openTest(t, path)
@@ -390,30 +395,229 @@ func TestMarkInterruptedAfterRestart(t *testing.T) {
 	if _, ok, err := s.Claim(ctx, running); err != nil || !ok {
 		t.Fatalf("Claim = %v, %v", ok, err)
 	}
+	cli, err := s.Insert(ctx, remediate.Action{Node: "node-a", GPUUUID: "GPU-1234", State: remediate.StateRunning, Source: "cli", StartedAt: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The process dies mid-action.
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 
 	s = openTest(t, path)
-	got, err := s.MarkInterrupted(ctx)
+	got, resumed, err := s.Recover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].ID != running || got[0].State != remediate.StateInterrupted ||
-		got[0].Reason != ReasonInterrupted || got[0].FinishedAt == nil {
-		t.Fatalf("interrupted = %+v", got)
+	if len(got) != 2 {
+		t.Fatalf("interrupted = %+v, want the webhook's and the CLI's", got)
 	}
-	stored, err := s.Action(ctx, running)
-	if err != nil || !reflect.DeepEqual(stored, got[0]) {
-		t.Fatalf("stored %+v, %v; returned %+v", stored, err, got[0])
+	for _, a := range got {
+		if a.State != remediate.StateInterrupted || a.Reason != ReasonInterrupted || a.FinishedAt == nil {
+			t.Errorf("interrupted %+v", a)
+		}
+		stored, err := s.Action(ctx, a.ID)
+		if err != nil || !reflect.DeepEqual(stored, a) {
+			t.Fatalf("stored %+v, %v; returned %+v", stored, err, a)
+		}
+	}
+	if len(resumed) != 1 {
+		t.Fatalf("resumed = %+v, want one attempt for the webhook's action only", resumed)
+	}
+	next := resumed[0]
+	if next.State != remediate.StateQueued || next.Attempt != 2 || next.RetryOf != running || next.FirstActionID != running ||
+		next.AlertFingerprint != "01" || !next.AlertStartsAt.Equal(t0) || len(next.Targets) != 0 {
+		t.Fatalf("the next attempt %+v", next)
 	}
 	q, err := s.Queued(ctx)
-	if err != nil || len(q) != 1 || q[0].ID != queued {
+	if err != nil || len(q) != 2 || q[0].ID != queued || q[1].ID != next.ID {
 		t.Fatalf("queued = %+v, %v", q, err)
 	}
-	if again, err := s.MarkInterrupted(ctx); err != nil || len(again) != 0 {
-		t.Fatalf("second MarkInterrupted = %+v, %v", again, err)
+	evs, err := s.Events(ctx, running)
+	if err != nil || len(evs) != 2 || evs[1].Kind != "interrupted" || !strings.Contains(string(evs[1].Detail), `"resumed_by":"`+next.ID+`"`) {
+		t.Fatalf("events of the interrupted action: %+v, %v", evs, err)
+	}
+	if evs, err := s.Events(ctx, next.ID); err != nil || len(evs) != 1 || evs[0].Kind != "retry" || !strings.Contains(string(evs[0].Detail), `"cause":"restart"`) {
+		t.Fatalf("events of the new attempt: %+v, %v", evs, err)
+	}
+	if evs, err := s.Events(ctx, cli); err != nil || len(evs) != 1 || strings.Contains(string(evs[0].Detail), "resumed_by") {
+		t.Fatalf("events of the CLI's action: %+v, %v", evs, err)
+	}
+	// A copy of the alert while its next attempt waits is a duplicate of
+	// that attempt; its resolution cancels that attempt.
+	if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate || o[0].ActionID != next.ID {
+		t.Fatalf("copy while queued: %+v", o)
+	}
+	if again, resumed, err := s.Recover(ctx); err != nil || len(again) != 0 || len(resumed) != 0 {
+		t.Fatalf("second Recover = %+v, %+v, %v", again, resumed, err)
+	}
+	if o := record(t, s, resolvedCopy(firing("01", t0))); o[0].Result != ResultResolved || o[0].ActionID != next.ID {
+		t.Fatalf("resolution: %+v", o)
+	}
+	if a, err := s.Action(ctx, next.ID); err != nil || a.State != remediate.StateSkipped {
+		t.Fatalf("the next attempt after its alert resolved: %+v, %v", a, err)
+	}
+}
+
+// TestRecoverBoundedAttempts: a remediator that dies in every attempt
+// (a crash loop) takes an alert up MaxAttempts times, not more.
+func TestRecoverBoundedAttempts(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, "")
+	id := record(t, s, firing("01", t0))[0].ActionID
+	for attempt := 1; ; attempt++ {
+		if _, ok, err := s.Claim(ctx, id); err != nil || !ok {
+			t.Fatalf("attempt %d: Claim = %v, %v", attempt, ok, err)
+		}
+		_, resumed, err := s.Recover(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attempt == DefaultMaxAttempts {
+			if len(resumed) != 0 {
+				t.Fatalf("attempt %d was resumed: %+v", attempt+1, resumed)
+			}
+			return
+		}
+		if len(resumed) != 1 || resumed[0].Attempt != attempt+1 || resumed[0].RetryOf != id {
+			t.Fatalf("after attempt %d: %+v", attempt, resumed)
+		}
+		id = resumed[0].ID
+	}
+}
+
+// finish ends an action as an executor would.
+func finish(t *testing.T, s *Store, id string, state remediate.State, reason string, at time.Time, leftovers ...remediate.Leftover) remediate.Action {
+	t.Helper()
+	a, err := s.Action(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.State, a.Reason, a.FinishedAt, a.Leftover = state, reason, &at, leftovers
+	if err := s.Update(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestRetryOnNotification: Alertmanager re-sends a firing alert with the
+// same fingerprint and startsAt. After an action that left the memory held
+// (failed, interrupted, or succeeded with other holders remaining), the
+// next copy after the cooldown is a new attempt, linked to the first;
+// before the cooldown, while an attempt runs, or after one that brought
+// the memory back, a duplicate; never more than MaxAttempts.
+func TestRetryOnNotification(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		state     remediate.State
+		leftovers []remediate.Leftover
+		retry     bool
+	}{
+		{remediate.StateFailed, nil, true},
+		{remediate.StateInterrupted, nil, true},
+		{remediate.StateSucceeded, []remediate.Leftover{{PID: 7, Kind: "other_holder"}}, true},
+		{remediate.StateSucceeded, nil, false},
+		{remediate.StateSkipped, nil, false},
+		{remediate.StateDryRun, nil, false},
+	} {
+		name := string(c.state)
+		if len(c.leftovers) > 0 {
+			name += " with others remaining"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := openTest(t, "")
+			s.SetRetry(RetryPolicy{MaxAttempts: 3, Cooldown: time.Minute})
+			// record's notifications arrive at t0+1s.
+			first := record(t, s, firing("01", t0))[0].ActionID
+			if _, ok, err := s.Claim(ctx, first); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate || o[0].ActionID != first {
+				t.Fatalf("copy while running: %+v", o)
+			}
+			finish(t, s, first, c.state, "why", t0.Add(-30*time.Second), c.leftovers...)
+			if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate {
+				t.Fatalf("copy 31 s after the end, cooldown 1m: %+v", o)
+			}
+			finish(t, s, first, c.state, "why", t0.Add(-time.Minute), c.leftovers...)
+			o := record(t, s, firing("01", t0))
+			if !c.retry {
+				if o[0].Result != ResultDuplicate || o[0].ActionID != first {
+					t.Fatalf("copy after %s: %+v, want a duplicate", name, o)
+				}
+				return
+			}
+			if o[0].Result != ResultAccepted || o[0].ActionID == first || o[0].Attempt != 2 || o[0].RetryOf != first {
+				t.Fatalf("copy after the cooldown: %+v, want attempt 2", o)
+			}
+			second, err := s.Action(ctx, o[0].ActionID)
+			if err != nil || second.State != remediate.StateQueued || second.FirstActionID != first || second.RetryOf != first ||
+				second.Attempt != 2 || second.GPUUUID != "GPU-1234" || second.Node != "node-a" {
+				t.Fatalf("attempt 2: %+v, %v", second, err)
+			}
+			if evs, err := s.Events(ctx, second.ID); err != nil || len(evs) != 1 || evs[0].Kind != "retry" ||
+				!strings.Contains(string(evs[0].Detail), `"cause":"notification"`) || !strings.Contains(string(evs[0].Detail), `"previous_state":"`+string(c.state)+`"`) {
+				t.Fatalf("events of attempt 2: %+v, %v", evs, err)
+			}
+			// Attempt 2 fails too: attempt 3, linked to the first.
+			if _, ok, err := s.Claim(ctx, second.ID); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			finish(t, s, second.ID, remediate.StateFailed, "again", t0.Add(-time.Hour))
+			o = record(t, s, firing("01", t0))
+			third, err := s.Action(ctx, o[0].ActionID)
+			if err != nil || o[0].Result != ResultAccepted || third.Attempt != 3 || third.FirstActionID != first || third.RetryOf != second.ID {
+				t.Fatalf("attempt 3: %+v %+v, %v", o, third, err)
+			}
+			if _, ok, err := s.Claim(ctx, third.ID); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			finish(t, s, third.ID, remediate.StateFailed, "again", t0.Add(-time.Hour))
+			if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate || o[0].ActionID != third.ID {
+				t.Fatalf("copy after the last attempt: %+v, want a duplicate of it", o)
+			}
+			// A resolved alert, then a late firing copy: no attempt.
+			record(t, s, resolvedCopy(firing("01", t0)))
+			s.SetRetry(RetryPolicy{MaxAttempts: 10})
+			if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate {
+				t.Fatalf("firing copy after the resolution: %+v", o)
+			}
+			as, err := s.Actions(ctx, Filter{})
+			if err != nil || len(as) != 3 {
+				t.Fatalf("%d actions, want 3: %v", len(as), err)
+			}
+		})
+	}
+}
+
+// TestRetryForwardedAction: a dispatcher's forwarded action is judged by
+// its agent's outcome.
+func TestRetryForwardedAction(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, "")
+	first := record(t, s, firing("01", t0))[0].ActionID
+	if _, ok, err := s.Claim(ctx, first); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	a, err := s.Action(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := t0.Add(-time.Minute)
+	a.State, a.FinishedAt = remediate.StateSucceeded, &end
+	a.Agent = &remediate.AgentResult{URL: "http://node-a:10836", ActionID: "x", State: remediate.StateRunning}
+	if err := s.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if o := record(t, s, firing("01", t0)); o[0].Result != ResultDuplicate {
+		t.Fatalf("copy while the agent works: %+v", o)
+	}
+	a.Agent.State, a.Agent.Reason, a.Agent.FinishedAt = remediate.StateFailed, "memory did not come back", &end
+	if err := s.Update(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if o := record(t, s, firing("01", t0)); o[0].Result != ResultAccepted || o[0].Attempt != 2 {
+		t.Fatalf("copy after the agent failed: %+v", o)
 	}
 }
 
