@@ -23,7 +23,7 @@ RACE      ?= -race
 BACKEND   ?= sim
 RUN_DIR   ?= $(CURDIR)/.run
 
-.PHONY: all build deps test unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
+.PHONY: all build deps tools test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
 
 all: build
 
@@ -40,6 +40,31 @@ deps:
 	@./scripts/deps.sh
 
 test: deps build release lint unit rules fuzz e2e
+
+# Prometheus and Alertmanager, built from their Go modules at the versions
+# the code links (scripts/tools.sh: once, about 6 minutes on 2 cores, then
+# cached in .tools/): the loop, the rule tests and every test that runs
+# promtool or amtool use them. OLDEST=1 uses Debian's instead (Prometheus
+# 2.42, Alertmanager 0.25, which `make deps` installs): `make oldest` runs
+# the rule tests and the loop against them, as .ci/run does. The README's
+# table says which versions are supported.
+TOOLS     := $(CURDIR)/.tools
+ifeq ($(OLDEST),)
+TOOLS_DEP  := tools
+WITH_TOOLS = PATH="$$(cat '$(TOOLS)/current'):$$PATH"
+else
+TOOLS_DEP  :=
+WITH_TOOLS = PATH="$$PATH"
+endif
+
+# scripts/tools.sh writes the directory of the built tools to
+# .tools/current; a failed build stops make.
+tools:
+	@mkdir -p '$(TOOLS)'
+	@GO='$(GO)' ./scripts/tools.sh '$(TOOLS)' > '$(TOOLS)/current.tmp' && mv '$(TOOLS)/current.tmp' '$(TOOLS)/current'
+
+oldest: build deps
+	@$(MAKE) --no-print-directory rules e2e OLDEST=1
 
 # The release (scripts/release.sh): every binary for linux/amd64 and
 # linux/arm64 (Grace Hopper nodes), with cgo and -trimpath and the version
@@ -58,9 +83,9 @@ release:
 # the Kubernetes API types, Prometheus's PromQL -- the binaries do not link).
 MODULES   := . test
 
-unit:
-	$(GO) test $(RACE) -count=1 -timeout 15m ./...
-	cd test && $(GO) test $(RACE) -count=1 -timeout 15m ./...
+unit: $(TOOLS_DEP)
+	$(WITH_TOOLS) $(GO) test $(RACE) -count=1 -timeout 15m ./...
+	cd test && $(WITH_TOOLS) $(GO) test $(RACE) -count=1 -timeout 15m ./...
 
 # golangci-lint, pinned: errcheck, govet, ineffassign, staticcheck
 # (honnef.co/go/tools v0.8.2, as v2.15.0 links it) and unused, configured in
@@ -85,11 +110,12 @@ lint: $(GOLANGCI_LINT)
 
 # A whole-binary scrape of the simulated fork-orphan case, diffed against
 # the golden file and linted by promtool (also part of `unit`).
-checkmetrics: deps
-	$(GO) test -count=1 -run TestSimForkOrphan -v ./exporter/
+checkmetrics: deps $(TOOLS_DEP)
+	$(WITH_TOOLS) $(GO) test -count=1 -run TestSimForkOrphan -v ./exporter/
 
-rules:
-	@if [ -d alerts ] && ls alerts/*.rules.yml >/dev/null 2>&1; then \
+rules: $(TOOLS_DEP)
+	@if [ -d alerts ] && ls alerts/*.rules.yml >/dev/null 2>&1; then export $(WITH_TOOLS); \
+	  echo "rules: $$(promtool --version 2>&1 | head -1)"; \
 	  promtool check rules alerts/*.rules.yml && promtool test rules alerts/*_test.yml; fi
 
 # The whole loop with real processes, the stack of `make run`
@@ -98,8 +124,9 @@ rules:
 # `make run` narrates, and runs gpu-orphan-demo itself. GPU_ORPHAN_E2E_REQUIRED
 # makes a missing Prometheus or Alertmanager a failure instead of a skip;
 # the stage timings go to .run/e2e-summary.txt, and are printed at the end.
-e2e: build deps
+e2e: build deps $(TOOLS_DEP)
 	@if [ -d test/e2e ]; then rm -f '$(RUN_DIR)/e2e-summary.txt'; \
+	  export $(WITH_TOOLS); echo "e2e: $$(prometheus --version 2>&1 | head -1); $$( (command -v alertmanager >/dev/null && alertmanager --version || prometheus-alertmanager --version) 2>&1 | head -1)"; \
 	  cd test && GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
 	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; rc=$$?; \
 	  cat '$(RUN_DIR)/e2e-summary.txt' 2>/dev/null; exit $$rc; fi
