@@ -58,7 +58,17 @@ func writeTable(w io.Writer, r Report) error {
 		fmt.Fprintf(tw, "%-*s\t%d\t%s\t%s\t%s\t\n", width, termsafe.Escape(row.Key), row.Events, gibHours(row.GiBHours), humanBytes(row.FreedBytes),
 			row.Last.UTC().Format("2006-01-02 15:04:05"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Attempts > r.Events {
+		// Retries: a restart interrupted an action, or the memory stayed
+		// held after one and the alert's next notification tried again.
+		_, err := fmt.Fprintf(w, "\n%d attempts for the %d %s: some needed more than one (GET /api/v1/actions shows each attempt's first_action_id).\n",
+			r.Attempts, r.Events, events)
+		return err
+	}
+	return nil
 }
 
 func writeCSV(w io.Writer, r Report) error {

@@ -62,6 +62,10 @@ type Row struct {
 	// FreedBytes is the memory verified back, this key's share of it.
 	FreedBytes uint64    `json:"freed_bytes"`
 	Last       time.Time `json:"last"`
+	// Attempts is how many actions the events took: more than Events
+	// when a restart interrupted one, or the memory stayed held after it
+	// and the alert's next notification tried again.
+	Attempts int `json:"attempts"`
 }
 
 // Report is the rows of one grouping over a time range, sorted by
@@ -70,9 +74,21 @@ type Report struct {
 	By    By        `json:"by"`
 	Since time.Time `json:"since"`
 	Until time.Time `json:"until"`
-	// Events is the number of actions counted (Counts).
-	Events int   `json:"events"`
-	Rows   []Row `json:"rows"`
+	// Events is the number of alerts' actions counted (Counts): the
+	// attempts of one alert are one event.
+	Events int `json:"events"`
+	// Attempts is how many actions those events took (Row.Attempts).
+	Attempts int   `json:"attempts"`
+	Rows     []Row `json:"rows"`
+}
+
+// Chain is the key that the attempts of one alert share: the first
+// attempt's ID.
+func Chain(a remediate.Action) string {
+	if a.FirstActionID != "" {
+		return a.FirstActionID
+	}
+	return a.ID
 }
 
 // Outcome is how an action ended: for a dispatcher's action, its agent's
@@ -176,19 +192,53 @@ func Key(o remediate.DeadOwner, by By) string {
 	return Unknown
 }
 
-// Build groups the actions that Counts by `by`. since and until only label
-// the report: the caller chose the actions.
+// Build groups the actions that Counts by `by`. The attempts of one alert
+// (Chain) are one event: its memory with no live owner counted once, at the
+// longest age an attempt saw, the memory each freed added up, its shares
+// those of its last counted attempt. since and until only label the
+// report: the caller chose the actions.
 func Build(actions []remediate.Action, by By, since, until time.Time) Report {
 	r := Report{By: by, Since: since, Until: until, Rows: []Row{}}
-	rows := map[string]*Row{}
+	type event struct {
+		last     remediate.Action // the latest counted attempt
+		gibHours float64
+		freed    uint64
+		when     time.Time
+		attempts int
+	}
+	tries := map[string]int{}
+	for _, a := range actions {
+		tries[Chain(a)]++
+	}
+	events := map[string]*event{}
+	var order []string
 	for _, a := range actions {
 		if !Counts(a) {
 			continue
 		}
+		key := Chain(a)
+		e := events[key]
+		if e == nil {
+			e = &event{last: a, attempts: tries[key]}
+			events[key] = e
+			order = append(order, key)
+		}
+		if a.Attempt >= e.last.Attempt {
+			e.last = a
+		}
+		e.gibHours = max(e.gibHours, GiBHours(a))
+		e.freed += a.FreedBytes
+		if w := When(a); w.After(e.when) {
+			e.when = w
+		}
+	}
+	rows := map[string]*Row{}
+	for _, key := range order {
+		e := events[key]
 		r.Events++
-		gibHours, when := GiBHours(a), When(a)
-		shares := Split(a, by)
-		freed := splitBytes(a.FreedBytes, shares)
+		r.Attempts += e.attempts
+		shares := Split(e.last, by)
+		freed := splitBytes(e.freed, shares)
 		for i, s := range shares {
 			row := rows[s.Key]
 			if row == nil {
@@ -196,10 +246,11 @@ func Build(actions []remediate.Action, by By, since, until time.Time) Report {
 				rows[s.Key] = row
 			}
 			row.Events++
-			row.GiBHours += gibHours * s.Weight
+			row.Attempts += e.attempts
+			row.GiBHours += e.gibHours * s.Weight
 			row.FreedBytes += freed[i]
-			if when.After(row.Last) {
-				row.Last = when
+			if e.when.After(row.Last) {
+				row.Last = e.when
 			}
 		}
 	}

@@ -227,3 +227,42 @@ func TestCollectPages(t *testing.T) {
 		t.Fatalf("collected %d actions (%d distinct) of %d in %d calls", len(got), len(seen), n, src.calls)
 	}
 }
+
+// TestAttemptsAreOneEvent (issue 16): the attempts of one alert (a failed
+// one, one a restart interrupted, the one that brought the memory back)
+// are one event: its memory counted once, at the longest age, what each
+// freed added up, and the attempts shown.
+func TestAttemptsAreOneEvent(t *testing.T) {
+	alice := owner(10, 4*gib, "alice", "81234", "python")
+	one := action("node-a", remediate.StateFailed, 0, 4*gib, 10*time.Minute, 0, alice)
+	two := action("node-a", remediate.StateInterrupted, time.Minute, 4*gib, 11*time.Minute, 0, alice)
+	three := action("node-a", remediate.StateSucceeded, 20*time.Minute, 4*gib, 30*time.Minute, 4*gib, alice)
+	one.Attempt = 1
+	two.Attempt, two.FirstActionID, two.RetryOf = 2, one.ID, one.ID
+	three.Attempt, three.FirstActionID, three.RetryOf = 3, one.ID, two.ID
+	other := action("node-a", remediate.StateSucceeded, time.Hour, 1*gib, 30*time.Minute, 1*gib, alice)
+
+	r := Build([]remediate.Action{three, other, two, one}, ByUser, t0, t0.Add(2*time.Hour))
+	if r.Events != 2 || r.Attempts != 4 || len(r.Rows) != 1 {
+		t.Fatalf("report %+v, want 2 events in 4 attempts, one row", r)
+	}
+	row := r.Rows[0]
+	if row.Key != "alice" || row.Events != 2 || row.Attempts != 4 || math.Abs(row.GiBHours-(2+0.5)) > 1e-9 || row.FreedBytes != 5*gib ||
+		!row.Last.Equal(*other.FinishedAt) {
+		t.Errorf("row %+v, want 2 events, 4 attempts, 2.5 GiB·h, 5 GiB freed", row)
+	}
+	var b bytes.Buffer
+	if err := Write(&b, r, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "4 attempts for the 2 events") {
+		t.Errorf("table does not show the attempts:\n%s", b.String())
+	}
+	b.Reset()
+	if err := Write(&b, Build(fleet(), ByUser, t0, t0.Add(7*24*time.Hour)), "table"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "attempts") {
+		t.Errorf("a report without retries mentions attempts:\n%s", b.String())
+	}
+}
