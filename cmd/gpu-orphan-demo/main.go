@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/common/version"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/stack"
 )
 
@@ -83,7 +84,7 @@ func run() int {
 	app.Flag("alertmanager.port", "Alertmanager's port; 0: 9093, or 19093 if busy.").Envar("ALERTMANAGER_PORT").IntVar(&o.amPort)
 	app.Flag("daemons.log-level", "The daemons' --log.level; empty: their default.").StringVar(&o.daemonLogLevel)
 	if _, err := app.Parse(os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan-demo: %v\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan-demo: %s\n", cli.ParseError(app, err))
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

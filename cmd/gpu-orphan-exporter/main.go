@@ -43,7 +43,7 @@ func run() int {
 	app.Version(version.Print("gpu-orphan-exporter"))
 	app.HelpFlag.Short('h')
 	if _, err := app.Parse(os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %v\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %s\n", cli.ParseError(app, err))
 		return 2
 	}
 	logger := promslog.New(logConfig)

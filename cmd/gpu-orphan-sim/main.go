@@ -146,7 +146,7 @@ func run() int {
 
 	cmd, err := app.Parse(os.Args[1:])
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: %v; try --help\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: %s\n", cli.ParseError(app, err))
 		return 2
 	}
 	zombieLeader := cmd == runCmd.FullCommand() && *runZombie

@@ -79,8 +79,13 @@ func ParseBytes(s string) (uint64, error) {
 	return uint64(n), nil
 }
 
-// BytesVar makes f a size flag (see ParseBytes).
+// BytesVar makes f a size flag (see ParseBytes). Its help says how sizes
+// read: KB, MB and GB count in 1024s, as Prometheus reads them, which
+// surprises whoever expects 4GB to be 4,000,000,000 bytes.
 func BytesVar(f *kingpin.FlagClause, target *uint64) {
+	if h := f.Model().Help; !strings.Contains(h, "1024") {
+		f.Help(strings.TrimSpace(h + " Sizes count in 1024s, as in Prometheus: 4GB and 4GiB are both 4 GiB."))
+	}
 	setValue(f, target, ParseBytes, func(n uint64) string { return strconv.FormatUint(n, 10) })
 }
 
