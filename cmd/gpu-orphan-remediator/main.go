@@ -81,7 +81,7 @@ func run() int {
 	a.Version(version.Print("gpu-orphan-remediator"))
 	a.HelpFlag.Short('h')
 	if _, err := a.Parse(os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: %v\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: %s\n", cli.ParseError(a, err))
 		return 2
 	}
 	o.MaxBodyBytes = int64(min(maxBody, math.MaxInt64))

@@ -63,7 +63,7 @@ func run(args []string) int {
 
 	cmd, err := app.Parse(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %s\n", cli.ParseError(app, err))
 		return 2
 	}
 	logger := promslog.New(logConfig)

@@ -42,7 +42,9 @@ func closestFlag(app *kingpin.Application, name string) string {
 		}
 	}
 	walk(model.Commands)
-	norm := func(s string) string { return strings.NewReplacer("-", "", ".", "", "_", "").Replace(strings.ToLower(s)) }
+	norm := func(s string) string {
+		return strings.NewReplacer("-", "", ".", "", "_", "").Replace(strings.ToLower(s))
+	}
 	best, bestDist := "", 3
 	for _, n := range names {
 		if norm(n) == norm(name) {
