@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests and `make run` need beyond Go modules: Debian's
 # prometheus (promtool), prometheus-alertmanager (amtool), psmisc (fuser,
-# the benchmarks' baseline) and chromium (the /actions page's test).
+# the benchmarks' baseline), chromium (the /actions page's test), and a
+# real Slurm for the prolog and epilog tests (cmd/gpu-orphan/slurmtest):
+# slurmctld, slurmd, slurm-client (sbatch, srun, scontrol, sinfo) and munge.
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
@@ -10,6 +12,11 @@ command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/n
 command -v fuser >/dev/null || missing+=(psmisc)
 # The /actions page is tested in a real headless browser.
 command -v chromium >/dev/null || missing+=(chromium)
+# The Slurm tests start a one-node cluster of their own (as root).
+command -v slurmctld >/dev/null || missing+=(slurmctld)
+command -v slurmd >/dev/null || missing+=(slurmd)
+command -v sbatch >/dev/null || missing+=(slurm-client)
+command -v munged >/dev/null || missing+=(munge)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "deps: installing ${missing[*]} (Debian packages)"
 sudo=""

@@ -54,7 +54,7 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	node := cleanup.New(cleanup.Config{
 		Snapshots: h.loop, Proc: h.fs, Decide: nodeCfg,
 		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.verifyTimeout,
-		Recorder: h.recorder(), Logger: h.logger,
+		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})
 	checked := slices.Clone(jobGPUs)
 	var problems []problem

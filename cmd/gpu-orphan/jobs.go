@@ -341,10 +341,39 @@ func (h *hook) record(ctx context.Context, a *remediate.Action) error {
 	return nil
 }
 
+// nodeLogger is the logger of the cleanup a hook runs: at the default
+// level (warn) the hook's one line says how it ended, and the cleanup's
+// own warnings, which a remediator's log would carry, are left out; at
+// info or debug, everything is logged.
+func (h *hook) nodeLogger() *slog.Logger {
+	if h.logger.Enabled(context.Background(), slog.LevelInfo) {
+		return h.logger
+	}
+	return slog.New(minLevel{h.logger.Handler(), slog.LevelError})
+}
+
+// minLevel drops the records below min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+
+func (m minLevel) WithAttrs(as []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(as), m.min}
+}
+
+func (m minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{m.Handler.WithGroup(name), m.min}
+}
+
 // ladder is the kill ladder of a hook; groups re-lists whole process
 // groups (the prolog's normal rules), which the epilog never signals.
 func (h *hook) ladder(groups kill.GroupLister) *kill.Ladder {
-	return &kill.Ladder{Grace: h.o.grace, Proc: h.fs, Logger: h.logger, Groups: groups, Exclude: h.cfg.Rules().Why}
+	return &kill.Ladder{Grace: h.o.grace, Proc: h.fs, Logger: h.nodeLogger(), Groups: groups, Exclude: h.cfg.Rules().Why}
 }
 
 // problem is one reason the job's GPUs are not clean: short for the drain

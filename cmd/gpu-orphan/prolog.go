@@ -45,7 +45,7 @@ func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	node := cleanup.New(cleanup.Config{
 		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
 		Ladder: h.ladder(h.fs), Act: true, VerifyTimeout: o.verifyTimeout,
-		Recorder: h.recorder(), Logger: h.logger,
+		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})
 	var problems []problem
 	for _, uuid := range gpus {
