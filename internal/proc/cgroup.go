@@ -93,9 +93,9 @@ func isCgroupfsPod(seg string) bool {
 // A path with ".." elsewhere names nothing (the kernel writes none there).
 func cgroupSegments(path string) (segs []string, up int) {
 	for seg := range strings.SplitSeq(path, "/") {
-		switch {
-		case seg == "":
-		case seg == "..":
+		switch seg {
+		case "":
+		case "..":
 			if len(segs) > 0 {
 				return nil, 0
 			}
