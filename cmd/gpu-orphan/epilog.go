@@ -40,6 +40,9 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	defer closeAll()
 
 	s := h.loop.Refresh(ctx, true)
+	if ps := unreadable(s); ps != nil {
+		return h.finish("", ps)
+	}
 	jobGPUs, err := h.resolveGPUs(s)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan epilog: job %s: %v\n", h.job.ID, err)

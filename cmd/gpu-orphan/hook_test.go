@@ -435,6 +435,26 @@ func TestHookBadInput(t *testing.T) {
 	}
 }
 
+// TestHookDriverFails: a driver that cannot be read is no bad input: the
+// GPUs cannot be checked, exit 1, and the node is drained.
+func TestHookDriverFails(t *testing.T) {
+	root := testenv.SimNode(t, 2)
+	if err := sim.WriteFaults(root, sim.Faults{Error: "GPU is lost", GPU: sim.AllGPUs}); err != nil {
+		t.Fatal(err)
+	}
+	scontrol, argsFile := fakeScontrol(t)
+	for _, hook := range []string{"prolog", "epilog"} {
+		code, out := runHook(t, []string{"SLURM_JOB_ID=5", "SLURM_JOB_GPUS=0", "SLURMD_NODENAME=gpu-7"}, "--backend=sim", "--sim.root="+root, hook,
+			"--store.path=", "--log.syslog-socket=", "--drain", "--slurm.scontrol="+scontrol)
+		if want := "gpu-orphan " + hook + ": job 5: the GPUs cannot be read (reading GPUs through sim: GPU is lost); drained node gpu-7"; code != 1 || !strings.HasPrefix(out, want) {
+			t.Errorf("%s: exit %d, %q; want 1 and %q", hook, code, out, want)
+		}
+		if args, _ := os.ReadFile(argsFile); !strings.Contains(string(args), "reason=gpu-orphan: the GPUs cannot be read\n") {
+			t.Errorf("%s drained with %q", hook, args)
+		}
+	}
+}
+
 // TestEpilogRefusesWithoutRecord: an audit store that cannot be opened
 // means nothing is signalled, and the epilog fails saying why.
 func TestEpilogRefusesWithoutRecord(t *testing.T) {

@@ -262,6 +262,15 @@ func (h *hook) restoreLineage(ctx context.Context) {
 		"recorded_descendants", h.loop.Lineage().RecordedDescendants())
 }
 
+// unreadable is the problem of a snapshot that lists no GPU because a
+// source failed (the driver): nothing can be checked, nor signalled.
+func unreadable(s *snapshot.Snapshot) []problem {
+	if len(s.GPUs) > 0 || s.Healthy() {
+		return nil
+	}
+	return []problem{{short: "the GPUs cannot be read", detail: sourceErrors(s)}}
+}
+
 // resolveGPUs returns the UUIDs of the job's GPUs in s; an ID that names
 // no GPU of this node is bad input.
 func (h *hook) resolveGPUs(s *snapshot.Snapshot) ([]string, error) {
@@ -275,9 +284,6 @@ func (h *hook) resolveGPUs(s *snapshot.Snapshot) ([]string, error) {
 	for _, id := range h.gpus {
 		g, ok := s.GPUByID(id)
 		if !ok {
-			if len(s.GPUs) == 0 && !s.Healthy() {
-				return nil, fmt.Errorf("cannot read the GPUs: %s", sourceErrors(s))
-			}
 			return nil, fmt.Errorf("the job's GPU %s is not on this node (%s)", id, describeGPUs(s))
 		}
 		if !slices.Contains(out, g.Device.UUID) {
@@ -292,7 +298,7 @@ func sourceErrors(s *snapshot.Snapshot) string {
 	var errs []string
 	for _, src := range s.Sources {
 		if src.Err != nil {
-			errs = append(errs, src.Name+": "+src.Err.Error())
+			errs = append(errs, src.Err.Error())
 		}
 	}
 	if len(errs) == 0 {

@@ -37,6 +37,9 @@ func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	defer closeAll()
 
 	s := h.loop.Refresh(ctx, true)
+	if ps := unreadable(s); ps != nil {
+		return h.finish("", ps)
+	}
 	gpus, err := h.resolveGPUs(s)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan prolog: job %s: %v\n", h.job.ID, err)
