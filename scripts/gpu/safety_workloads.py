@@ -1,6 +1,6 @@
 """PyTorch job shapes for the safety scenarios of docs/safety.md, on a real GPU.
 
-    python3 safety_workloads.py fork     [--gib 4] [--children 2] [--device 0] [--helper]
+    python3 safety_workloads.py fork     [--gib 4] [--children 2] [--device 0] [--helper] [--ignore-sigterm]
     python3 safety_workloads.py zombie   [--gib 4] [--children 2] [--device 0]
     python3 safety_workloads.py launcher [--gib 1] [--children 1] [--device 0]
 
@@ -8,6 +8,7 @@ fork: allocate, fork children that inherit the CUDA descriptors (as DataLoader
 workers without persistent shutdown do), print "ready PID CHILD...", sleep.
 With --helper, also double-fork a helper that keeps the trainer's open files,
 reparented to init in the trainer's process group, and print "helper PID".
+With --ignore-sigterm, the children ignore SIGTERM (SIGKILL still ends them).
 zombie: the same, then start a thread that keeps running and end the main
 thread alone with pthread_exit: /proc shows the process as Z while it lives
 and keeps its context.
@@ -15,7 +16,7 @@ launcher: as torchrun does, call cuInit(0) alone (descriptors open, the
 device mapped, no context), print "launcher PID", then start one rank (this
 script in fork mode, its own context) as a child and wait for it.
 """
-import argparse, ctypes, os, subprocess, sys, threading, time
+import argparse, ctypes, os, signal, subprocess, sys, threading, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("mode", choices=["fork", "zombie", "launcher"])
@@ -23,6 +24,7 @@ ap.add_argument("--gib", type=float, default=4)
 ap.add_argument("--children", type=int, default=2)
 ap.add_argument("--device", type=int, default=0)
 ap.add_argument("--helper", action="store_true")
+ap.add_argument("--ignore-sigterm", action="store_true")
 a = ap.parse_args()
 
 if a.mode == "launcher":
@@ -42,6 +44,8 @@ kids = []
 for _ in range(a.children):
     pid = os.fork()
     if pid == 0:
+        if a.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             time.sleep(3600)
     kids.append(pid)
