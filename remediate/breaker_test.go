@@ -75,7 +75,7 @@ func hideContextMain(pidArg string) int {
 	unix.Close(pidfd)
 	fmt.Println("hidden")
 	// sv[1] is never read. Wait for the test to end us.
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
 }
 
@@ -102,7 +102,9 @@ func sharedBin(t *testing.T) string {
 				t.Fatal(err)
 			}
 		}
-		os.Chmod(dst, 0o755)
+		if err := os.Chmod(dst, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }
@@ -112,14 +114,19 @@ func sharedBin(t *testing.T) string {
 func openNodeToUsers(t *testing.T, root string) {
 	t.Helper()
 	for dir := root; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
-		os.Chmod(dir, 0o755)
-	}
-	filepath.WalkDir(filepath.Join(root, "dev"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			os.Chmod(p, 0o666)
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
 		}
-		return nil
+	}
+	err := filepath.WalkDir(filepath.Join(root, "dev"), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		return os.Chmod(p, 0o666)
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chmod(filepath.Join(root, "contexts"), 0o1777); err != nil {
 		t.Fatal(err)
 	}

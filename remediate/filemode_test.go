@@ -19,7 +19,9 @@ func TestStoreFilesPrivate(t *testing.T) {
 	skipShort(t)
 	root := testenv.SimNode(t, 2)
 	base := t.TempDir()
-	os.Chmod(base, 0o755)
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	dir := filepath.Join(base, "lib", "gpu-orphan") // created by the remediator
 	storePath := filepath.Join(dir, "remediator.db")
 
