@@ -385,7 +385,9 @@ func TestPrologLeak(t *testing.T) {
 	if args, _ := os.ReadFile(argsFile); !strings.Contains(string(args), "reason=gpu-orphan: GPU 1 holds 40 GiB with no owner\n") {
 		t.Errorf("scontrol args %q", args)
 	}
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 4096)
 	n, err := conn.Read(buf)
 	if err != nil || !strings.Contains(string(buf[:n]), "gpu-orphan-prolog") || !strings.Contains(string(buf[:n]), "job "+job+": GPU 1 holds 40 GiB with no owner") ||

@@ -156,7 +156,7 @@ func TestSlurmEpilogOnlyTheEndedJob(t *testing.T) {
 	jobB := c.submit(t, healthyJob, nil)
 	healthy := pids(t, c.jobLine(t, jobB, "healthy"))
 	jobA := c.submit(t, orphanJob, []string{"--gres=gpu:1"})
-	t.Cleanup(func() { c.run("scancel", jobB) })
+	t.Cleanup(func() { _, _ = c.run("scancel", jobB) }) // it may be over already
 	f := c.jobLine(t, jobA, "orphan")
 	if f[0] != "0" {
 		t.Fatalf("job A got GPU %s, want 0, B's", f[0])
@@ -208,7 +208,9 @@ func TestSlurmEpilogOnlyTheEndedJob(t *testing.T) {
 func TestSlurmEpilogLeakDrains(t *testing.T) {
 	c := getCluster(t)
 	t.Cleanup(func() {
-		sim.ClearFaults(c.simRoot)
+		if err := sim.ClearFaults(c.simRoot); err != nil {
+			t.Error(err)
+		}
 		c.resume(t)
 	})
 	job := c.submit(t, orphanJob, []string{"--gres=gpu:1"}, "HOLD=leak-go")
@@ -277,9 +279,13 @@ func TestSlurmPrologLeakRequeues(t *testing.T) {
 	if err := sim.WriteFaults(c.simRoot, sim.Faults{GPU: sim.AllGPUs, Leaks: []sim.Leak{{GPU: 0, Bytes: 40 << 30}}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sim.ClearFaults(c.simRoot) })
+	t.Cleanup(func() {
+		if err := sim.ClearFaults(c.simRoot); err != nil {
+			t.Error(err)
+		}
+	})
 	job := c.submit(t, plainJob, []string{"--gres=gpu:1"})
-	t.Cleanup(func() { c.run("scancel", job) })
+	t.Cleanup(func() { _, _ = c.run("scancel", job) }) // it may be over already
 	prio, line := c.syslog.hookLine(t, "prolog", job, 60*time.Second)
 	if prio != "<27>" || !strings.HasPrefix(line, "job "+job+": GPU 0 holds 40 GiB with no owner") {
 		t.Errorf("the prolog's line: %s %q", prio, line)
