@@ -1,7 +1,7 @@
 # gpu-orphan's front door. `make run` shows the loop; `make test` runs every test.
 GO        ?= go
 BIN       := bin
-BINARIES  := gpu-orphan-exporter gpu-orphan-sim gpu-orphan gpu-orphan-remediator
+BINARIES  := gpu-orphan-exporter gpu-orphan-sim gpu-orphan gpu-orphan-remediator gpu-orphan-dispatcher
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BUILD_USER ?= $(shell id -un 2>/dev/null || echo unknown)@$(shell hostname 2>/dev/null || echo unknown)
 BUILD_DATE ?= $(shell date -u +%Y%m%d-%H:%M:%S)

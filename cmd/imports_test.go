@@ -140,3 +140,35 @@ func TestLayersRule(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeAgentLinksNoKubernetes: the node agent, on every GPU node, links
+// no Kubernetes client (client-go is the dispatcher's, 46 MB of its
+// binary); gpu-orphan-dispatcher does, which shows the check sees it.
+func TestNodeAgentLinksNoKubernetes(t *testing.T) {
+	for _, tc := range []struct {
+		binary string
+		links  bool
+	}{
+		{"gpu-orphan-remediator", false},
+		{"gpu-orphan-dispatcher", true},
+	} {
+		cmd := exec.Command("go", "list", "-deps", "./cmd/"+tc.binary)
+		cmd.Dir = ".."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps ./cmd/%s: %v\n%s", tc.binary, err, stderr(err))
+		}
+		var k8s []string
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.HasPrefix(pkg, "k8s.io/") {
+				k8s = append(k8s, pkg)
+			}
+		}
+		if links := slices.Contains(k8s, "k8s.io/client-go/kubernetes"); links != tc.links {
+			t.Errorf("%s links k8s.io/client-go/kubernetes: %t, want %t", tc.binary, links, tc.links)
+		}
+		if !tc.links && len(k8s) > 0 {
+			t.Errorf("%s links %d packages of k8s.io, want none: %v", tc.binary, len(k8s), k8s)
+		}
+	}
+}

@@ -32,7 +32,7 @@ func TestDispatcherRoutesAndLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testenv.FreeAddr(t)
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+addr,
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t), "--dispatch.targets-file="+targets,
 		"--dispatch.max-nodes=1", "--dispatch.max-fraction=1", "--dispatch.window=1h",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"), "--log.level=debug")
@@ -122,7 +122,7 @@ func TestDispatcherKeepsAgentResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testenv.FreeAddr(t)
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+addr,
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t), "--dispatch.targets-file="+targetsFile,
 		"--dispatch.max-nodes=2", "--dispatch.max-fraction=1", "--dispatch.window=1h",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"), "--log.level=debug")

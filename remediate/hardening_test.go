@@ -528,7 +528,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testenv.FreeAddr(t)
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+addr,
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t), "--dispatch.targets-file="+targets,
 		"--dispatch.max-nodes=10", "--dispatch.max-fraction=1", "--dispatch.window=1h",
 		"--dispatch.timeout=2s", "--dispatch.max-attempts=3",

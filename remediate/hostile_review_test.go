@@ -44,17 +44,17 @@ func TestExampleTokensRefusedAtStart(t *testing.T) {
 	}
 	root := testenv.SimNode(t, 1)
 	for _, tc := range []struct {
-		name, file string
-		args       []string
+		name, file, bin string
+		args            []string
 	}{
-		{"compose's example as --auth.token-file", compose, []string{"--auth.token-file=" + compose, "--backend=sim", "--sim.root=" + root}},
-		{"the Kubernetes placeholder as --dispatch.token-file", agentPlaceholder, []string{"--role=dispatcher", "--auth.token-file=" + tokenFile(t),
+		{"compose's example as --auth.token-file", compose, "gpu-orphan-remediator", []string{"--auth.token-file=" + compose, "--backend=sim", "--sim.root=" + root, "--node.name=node-a"}},
+		{"the Kubernetes placeholder as --dispatch.token-file", agentPlaceholder, "gpu-orphan-dispatcher", []string{"--auth.token-file=" + tokenFile(t),
 			"--dispatch.token-file=" + agentPlaceholder, "--dispatch.targets-file=" + targets}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := filepath.Join(t.TempDir(), "r.db")
-			args := append(tc.args, "--store.path="+store, "--node.name=node-a", "--web.listen-address="+testenv.FreeAddr(t))
-			cmd := exec.Command(testenv.Bin(t, "gpu-orphan-remediator"), args...)
+			args := append(tc.args, "--store.path="+store, "--web.listen-address="+testenv.FreeAddr(t))
+			cmd := exec.Command(testenv.Bin(t, tc.bin), args...)
 			done := make(chan struct{})
 			var out []byte
 			go func() { out, err = cmd.CombinedOutput(); close(done) }()

@@ -44,7 +44,7 @@ func TestDispatcherKubernetesDiscovery(t *testing.T) {
 	api := kubeapi.Start(t, ns)
 	api.Apply(kubeapi.Slice("gpu-orphan-node-x7k2p", service, "remediator", int32(agentPort), kubeapi.Endpoint("node-a", host, ptr.To(true))))
 	addr := testenv.FreeAddr(t)
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+addr,
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t),
 		"--dispatch.kubernetes.service="+service, "--dispatch.kubernetes.namespace="+ns,
 		"--dispatch.kubernetes.kubeconfig="+api.Kubeconfig(t),
@@ -113,7 +113,7 @@ func TestDispatcherKubernetesForbidden(t *testing.T) {
 	skipShort(t)
 	api := kubeapi.Start(t, "gpu-orphan")
 	api.Forbid(true)
-	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-remediator"), "--role=dispatcher", "--web.listen-address="+testenv.FreeAddr(t),
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+testenv.FreeAddr(t),
 		"--auth.token-file="+tokenFile(t), "--dispatch.kubernetes.service=gpu-orphan-node", "--dispatch.kubernetes.namespace=gpu-orphan",
 		"--dispatch.kubernetes.kubeconfig="+api.Kubeconfig(t), "--dispatch.kubernetes.sync-timeout=30s",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"))

@@ -53,11 +53,11 @@ func writeTargets(t *testing.T, path string, targets map[string]string) {
 func startDispatcher(t *testing.T, targets string, extra ...string) string {
 	t.Helper()
 	addr := testenv.FreeAddr(t)
-	args := withDefaults(extra, "--role=dispatcher", "--web.listen-address="+addr,
+	args := withDefaults(extra, "--web.listen-address="+addr,
 		"--auth.token-file="+tokenFile(t), "--dispatch.token-file="+tokenFile(t), "--dispatch.targets-file="+targets,
 		"--dispatch.max-nodes=10", "--dispatch.max-fraction=1", "--dispatch.window=1h",
 		"--store.path="+filepath.Join(t.TempDir(), "d.db"), "--log.level=debug")
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), args...)
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), args...)
 	u := "http://" + addr
 	waitReady(t, http.DefaultClient, u)
 	return u

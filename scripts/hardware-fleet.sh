@@ -25,7 +25,7 @@ section "start: exporter and agent on their default ports, dispatcher on 10837"
 "$bin/gpu-orphan-remediator" --backend=nvml --node.name=h200 --act --alert.uuid-label=gpu_uuid \
   --auth.token-file="$work/agent.token" --store.path="$work/agent.db" --collector.interval=500ms \
   --remediate.min-age=1s --remediate.grace=3s > "$out/agent.log" 2>&1 & pids+=($!)
-"$bin/gpu-orphan-remediator" --role=dispatcher --web.listen-address=127.0.0.1:10837 --alert.uuid-label=gpu_uuid \
+"$bin/gpu-orphan-dispatcher" --web.listen-address=127.0.0.1:10837 --alert.uuid-label=gpu_uuid \
   --auth.token-file="$work/dispatcher.token" --dispatch.token-file="$work/agent.token" \
   --dispatch.targets-file="$work/targets.json" --store.path="$work/dispatcher.db" > "$out/dispatcher.log" 2>&1 & pids+=($!)
 sleep 3

@@ -84,6 +84,10 @@ type Options struct {
 
 	// Dispatch is the dispatcher's routing and fleet limits.
 	Dispatch Dispatch
+	// Dispatcher wires RoleDispatcher. Only gpu-orphan-dispatcher sets it
+	// (package remediate/app/dispatcher), so that the node agent does not
+	// link the dispatcher's Kubernetes client.
+	Dispatcher RoleFunc
 
 	Logger *slog.Logger
 }
@@ -130,17 +134,6 @@ type Kubernetes struct {
 	Lease string
 }
 
-// role is one role, wired: what executes claimed actions, which alerts to
-// accept, the breaker the API resets, and when the remediator is ready.
-type role struct {
-	exec     engine.Executor
-	classify intake.Classifier
-	reject   intake.Rejecter
-	breaker  api.Breaker
-	resolved func(store.Alert)
-	ready    func() error
-}
-
 // Run serves until ctx ends, then lets running cleanups finish (their
 // grace and verification, plus 5 s) before it returns. Everything that can
 // be checked without the audit store (authentication, the token files, the
@@ -178,14 +171,17 @@ func Run(ctx context.Context, o Options) error {
 
 	// The role's checks, then the store, then the role's wiring to it.
 	var (
-		wire    func(st *store.Store) (role, error)
+		wire    func(st *store.Store) (Wiring, error)
 		release func()
 	)
 	switch o.Role {
 	case RoleNode:
 		wire, release, err = nodeRole(ctx, o, metrics, logger)
 	case RoleDispatcher:
-		wire, err = dispatcherRole(ctx, o, metrics, reg, logger)
+		if o.Dispatcher == nil {
+			return errors.New("the dispatcher is its own binary: run gpu-orphan-dispatcher")
+		}
+		wire, release, err = o.Dispatcher(ctx, o, metrics, reg, logger)
 	default:
 		err = fmt.Errorf("unknown role %q: want %s or %s", o.Role, RoleNode, RoleDispatcher)
 	}
@@ -219,8 +215,8 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // serve runs the queue and the HTTP API until ctx ends.
-func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake.Auth, reg *prometheus.Registry, metrics *remediate.Metrics, logger *slog.Logger) error {
-	eng := engine.New(st, r.exec, 0, metrics, logger)
+func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *intake.Auth, reg *prometheus.Registry, metrics *remediate.Metrics, logger *slog.Logger) error {
+	eng := engine.New(st, r.Exec, 0, metrics, logger)
 	if err := eng.Recover(ctx); err != nil {
 		return fmt.Errorf("marking interrupted actions: %w", err)
 	}
@@ -228,22 +224,22 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	if o.Role == RoleNode {
 		status.Act, status.Policy = o.Act, o.Decide.Policy
 	}
-	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.classify, Reject: r.reject, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
-		Resolved: r.resolved, Metrics: metrics, Logger: logger})
+	webhook := intake.NewHandler(intake.Config{Recorder: st, Classify: r.Classify, Reject: r.Reject, MaxBodyBytes: o.MaxBodyBytes, Wake: eng.Wake,
+		Resolved: r.Resolved, Metrics: metrics, Logger: logger})
 	router, err := api.NewRouter(api.Config{
-		Webhook: webhook, Auth: auth, Store: st, Breaker: r.breaker, Registry: reg, Logger: logger, ExternalURL: o.ExternalURL,
+		Webhook: webhook, Auth: auth, Store: st, Breaker: r.Breaker, Registry: reg, Logger: logger, ExternalURL: o.ExternalURL,
 		Ready: func() error {
 			if err := eng.StoreErr(); err != nil {
 				return fmt.Errorf("audit store: %w", err)
 			}
-			if r.ready != nil {
-				return r.ready()
+			if r.Ready != nil {
+				return r.Ready()
 			}
 			return nil
 		},
 		Status: func(ctx context.Context) api.Status {
 			s := status
-			s.BreakerOpen = r.breaker.BreakerOpen()
+			s.BreakerOpen = r.Breaker.BreakerOpen()
 			if err := eng.StoreErr(); err != nil {
 				s.StoreError = err.Error()
 			}
@@ -254,7 +250,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r role, auth *intake
 	if err != nil {
 		return err
 	}
-	uiConfig := ui.Config{Store: st, Breaker: r.breaker, Role: string(o.Role), Logger: logger}
+	uiConfig := ui.Config{Store: st, Breaker: r.Breaker, Role: string(o.Role), Logger: logger}
 	if o.UIOpen {
 		uiConfig.Hosts = webHosts(o)
 	}

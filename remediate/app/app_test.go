@@ -1,14 +1,11 @@
 package app
 
 import (
-	"context"
 	"errors"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/exporter-toolkit/web"
 
@@ -25,7 +22,8 @@ func webConfig(t *testing.T) *web.FlagConfig {
 }
 
 // TestStartChecksBeforeTheStore: a start that fails on its configuration
-// (authentication, a token file, the backend, the dispatcher's routes)
+// (authentication, a token file, the backend; the dispatcher's are
+// checked in package dispatcher)
 // leaves no audit database behind, nor the directory made for it.
 func TestStartChecksBeforeTheStore(t *testing.T) {
 	dir := t.TempDir()
@@ -48,13 +46,7 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 		{"token too short", Options{Role: RoleNode, Auth: intake.AuthConfig{TokenFile: shortToken}}, "use at least 16"},
 		{"simulated backend without its root", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", ProcFS: "/proc"}}, "--sim.root"},
 		{"simulated node missing", Options{Role: RoleNode, Auth: auth, Backend: cli.Backend{Kind: "sim", SimRoot: filepath.Join(dir, "no-node"), ProcFS: "/proc"}}, "opening the simulated node"},
-		{"dispatcher without routes", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.targets-file"},
-		{"dispatcher with a template and no allow-list", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836"}}, "--dispatch.targets-file"},
-		{"dispatcher's targets file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{TargetsFile: filepath.Join(dir, "no-targets.json")}}, "targets file"},
-		{"dispatcher without routes names discovery too", Options{Role: RoleDispatcher, Auth: auth}, "--dispatch.kubernetes.service"},
-		{"dispatcher's kubeconfig missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{Kubernetes: Kubernetes{Service: "gpu-orphan-node",
-			Namespace: "gpu-orphan", PortName: "remediator", Scheme: "http", Kubeconfig: filepath.Join(dir, "no-kubeconfig")}}}, "--dispatch.kubernetes.kubeconfig"},
-		{"dispatcher's token file missing", Options{Role: RoleDispatcher, Auth: auth, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836", TokenFile: filepath.Join(dir, "no-token")}}, "--dispatch.token-file"},
+		{"dispatcher without its wiring", Options{Role: RoleDispatcher, Auth: auth}, "gpu-orphan-dispatcher"},
 		{"unknown role", Options{Role: "everything", Auth: auth}, "unknown role"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,46 +61,5 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 				t.Errorf("a failed start left %s behind (stat: %v)", storeDir, err)
 			}
 		})
-	}
-}
-
-// TestStartCreatesTheStore: once the configuration checks out, the store
-// (and its directory) is created, and Run returns cleanly when its context
-// ends.
-func TestStartCreatesTheStore(t *testing.T) {
-	storePath := filepath.Join(t.TempDir(), "var", "remediator.db")
-	targets := filepath.Join(t.TempDir(), "targets.json")
-	if err := os.WriteFile(targets, []byte(`{"gpu-a": ""}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	wc := webConfig(t)
-	o := Options{
-		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
-		StorePath: storePath, Dispatch: Dispatch{URLTemplate: "http://{{.Node}}:10836", TargetsFile: targets, Timeout: time.Second},
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, o) }()
-	// Serving means the store is open and migrated: stopping earlier
-	// would interrupt its set-up (seen under -race on a loaded machine).
-	testenv.Eventually(t, 30*time.Second, "the remediator to serve", func() bool {
-		resp, err := http.Get("http://" + (*wc.WebListenAddresses)[0] + "/-/healthy")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	if _, err := os.Stat(storePath); err != nil {
-		t.Fatalf("the audit database was not created: %v", err)
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run after its context ended: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Run did not return after its context ended")
 	}
 }

@@ -5,10 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,14 +13,35 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/api"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
-	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
-	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
+	"github.com/gpu-orphan/gpu-orphan/remediate/engine"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
+
+// Wiring is one role, wired: what executes claimed actions, which alerts to
+// accept, the breaker the API resets, and when the remediator is ready.
+type Wiring struct {
+	Exec     engine.Executor
+	Classify intake.Classifier
+	// Reject, when set, refuses an accepted alert before it is recorded
+	// as work.
+	Reject  intake.Rejecter
+	Breaker api.Breaker
+	// Resolved, when set, hears of each resolved alert.
+	Resolved func(store.Alert)
+	// Ready, when set, says why the role cannot serve yet.
+	Ready func() error
+}
+
+// RoleFunc checks a role's configuration before the audit store exists,
+// and returns what wires the role to the store once it does, and what to
+// release when Run returns (nil for nothing). The node's is nodeRole; the
+// dispatcher's is in package remediate/app/dispatcher.
+type RoleFunc func(ctx context.Context, o Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (wire func(*store.Store) (Wiring, error), release func(), err error)
 
 // lineageState names the node collector's memory in the store.
 const lineageState = "lineage"
@@ -32,7 +49,7 @@ const lineageState = "lineage"
 // nodeRole opens the backend, and returns what wires the node's cleanup to
 // the store, and what closes the backend. The snapshot loop starts only
 // once wired, under ctx.
-func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog.Logger) (func(*store.Store) (role, error), func(), error) {
+func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog.Logger) (func(*store.Store) (Wiring, error), func(), error) {
 	opened, err := o.Backend.Open(logger)
 	if err != nil {
 		return nil, nil, err
@@ -42,8 +59,8 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		closeDriver()
 		return nil, nil, err
 	}
-	return func(st *store.Store) (role, error) {
-		var r role
+	return func(st *store.Store) (Wiring, error) {
+		var r Wiring
 		fs := opened.Proc
 		loop := snapshot.NewLoop(opened.Taker, o.Interval, o.Decide.MinBytes)
 		// What the loop remembers (owners, descent) outlives a restart in
@@ -66,10 +83,10 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		}()
 
 		limiter := limits.New(o.Limits, limits.RealClock{})
-		if err := persistBreaker(ctx, st, limiter, &limiter.OnBreakerChange, m, logger); err != nil {
+		if err := PersistBreaker(ctx, st, limiter, &limiter.OnBreakerChange, m, logger); err != nil {
 			return r, err
 		}
-		r.exec = cleanup.New(cleanup.Config{
+		r.Exec = cleanup.New(cleanup.Config{
 			Snapshots: loop, Proc: fs,
 			Decide: o.Decide,
 			Ladder: &kill.Ladder{Grace: o.Grace, Proc: fs, Logger: logger,
@@ -80,9 +97,9 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		if !o.Act {
 			logger.Warn("Dry run: plans are recorded, nothing is signalled. Start with --act to clean up.")
 		}
-		r.breaker = limiter
-		r.classify = nodeClassifier(o.NodeLabel, o.UUIDLabel, o.NodeName, newGPUSet(loop))
-		r.ready = func() error {
+		r.Breaker = limiter
+		r.Classify = nodeClassifier(o.NodeLabel, o.UUIDLabel, o.NodeName, newGPUSet(loop))
+		r.Ready = func() error {
 			if s := loop.Latest(); s == nil || !s.Healthy() {
 				return errors.New("no healthy snapshot of the GPUs yet")
 			}
@@ -90,86 +107,6 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		}
 		return r, nil
 	}, closeDriver, nil
-}
-
-// dispatcherRole reads the dispatcher's routes and token, lists its
-// discovered agents, and returns what wires the dispatcher to the store.
-func dispatcherRole(ctx context.Context, o Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (role, error), error) {
-	token := ""
-	if o.Dispatch.TokenFile != "" {
-		b, err := os.ReadFile(o.Dispatch.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading --dispatch.token-file: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
-	}
-	fleet := limits.NewFleet(limits.FleetConfig{MaxNodes: o.Dispatch.MaxNodes, MaxFraction: o.Dispatch.MaxFraction, Window: o.Dispatch.Window,
-		BreakerFailures: o.Limits.BreakerFailures, BreakerWindow: o.Limits.BreakerWindow}, limits.RealClock{})
-	var (
-		kube  *discovery.Kubernetes
-		found dispatch.AgentSource
-	)
-	if k := o.Dispatch.Kubernetes; k.Service != "" {
-		var err error
-		kube, err = discovery.New(discovery.Config{Service: k.Service, Namespace: k.Namespace, PortName: k.PortName, Scheme: k.Scheme,
-			Kubeconfig: k.Kubeconfig, SyncTimeout: k.SyncTimeout, Registerer: reg, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		found = kube
-	}
-	shared, err := sharedWindow(ctx, o, fleet, logger)
-	if err != nil {
-		return nil, err
-	}
-	// The store opens after the checks; the dispatcher reads the alerts'
-	// labels from it, to forward them as received.
-	var labelStore *store.Store
-	d, err := dispatch.New(dispatch.Config{
-		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Discovery: found, Token: token,
-		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, Shared: shared, NodeLabel: o.NodeLabel,
-		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger,
-		Labels: func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
-			return labelStore.AlertLabels(ctx, fingerprint, startsAt)
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if kube != nil {
-		// Before serving: until the first list is in, every discovered
-		// node would be rejected as unknown.
-		if err := kube.Start(ctx); err != nil {
-			return nil, err
-		}
-	}
-	return func(st *store.Store) (role, error) {
-		labelStore = st
-		if err := persistBreaker(ctx, st, fleet, &fleet.OnBreakerChange, m, logger); err != nil {
-			return role{}, err
-		}
-		// The agents' results come back into this store, for the fleet's
-		// audit record and `gpu-orphan report --url`.
-		go d.Follow(ctx, st)
-		return role{
-			exec: d, breaker: fleet,
-			classify: dispatchClassifier(o.NodeLabel, o.UUIDLabel),
-			reject: func(labels map[string]string) string {
-				if node := labels[o.NodeLabel]; !d.Known(node) {
-					return "node " + strconv.Quote(node) + " is on no allow-list (--dispatch.targets-file, Kubernetes discovery): never contacted"
-				}
-				return ""
-			},
-			// Resolved alerts go on to the node, to cancel its queued work.
-			resolved: func(a store.Alert) {
-				go func() {
-					ctx, cancel := context.WithTimeout(context.Background(), o.Dispatch.Timeout)
-					defer cancel()
-					d.ForwardResolved(ctx, a.Node, a.Labels, a.Fingerprint, a.StartsAt)
-				}()
-			},
-		}, nil
-	}, nil
 }
 
 // gpuSet answers whether a UUID names one of this node's GPUs. It keeps
@@ -225,28 +162,16 @@ func nodeClassifier(nodeLabel, uuidLabel, nodeName string, gpus interface {
 	}
 }
 
-// dispatchClassifier accepts alerts that name a GPU; nodes on no
-// allow-list are rejected before (role.reject).
-func dispatchClassifier(nodeLabel, uuidLabel string) intake.Classifier {
-	return func(labels map[string]string) (string, string, string) {
-		node, uuid := labels[nodeLabel], labels[uuidLabel]
-		if uuid == "" || !strings.HasPrefix(uuid, "GPU-") && !strings.HasPrefix(uuid, "MIG-") {
-			return node, uuid, "no valid " + uuidLabel + " label"
-		}
-		return node, uuid, ""
-	}
-}
-
-// breaker is what the node's limiter and the dispatcher's fleet share.
-type breaker interface {
+// Breaker is what the node's limiter and the dispatcher's fleet share.
+type Breaker interface {
 	BreakerOpen() bool
 	OpenBreaker(reason string)
 }
 
-// persistBreaker restores the breaker's state from the store (an open
+// PersistBreaker restores the breaker's state from the store (an open
 // breaker stays open across restarts until a human resets it) and writes
 // every change back, with a metric and a log line.
-func persistBreaker(ctx context.Context, st *store.Store, b breaker, hook *func(open bool, reason string), m *remediate.Metrics, logger *slog.Logger) error {
+func PersistBreaker(ctx context.Context, st *store.Store, b Breaker, hook *func(open bool, reason string), m *remediate.Metrics, logger *slog.Logger) error {
 	open, reason, _, err := st.Breaker(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the breaker's state: %w", err)

@@ -551,8 +551,8 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 	if d == nil {
 		t.Fatal("Deployment: no container dispatcher")
 	}
-	if role, _ := flagValue(d.Args, "role"); role != "dispatcher" {
-		t.Errorf("dispatcher: --role=%s", role)
+	if !slices.Equal(d.Command, []string{"gpu-orphan-dispatcher"}) {
+		t.Errorf("dispatcher: command %q, want [gpu-orphan-dispatcher]", d.Command)
 	}
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != v.Dispatcher.Replicas {
 		t.Errorf("dispatcher: replicas %v, want %d", dep.Spec.Replicas, v.Dispatcher.Replicas)

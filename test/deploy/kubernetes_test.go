@@ -404,8 +404,8 @@ func TestKubernetesWorkloads(t *testing.T) {
 	if d == nil {
 		t.Fatal("Deployment gpu-orphan-dispatcher: no container dispatcher")
 	}
-	if r, _ := flagValue(d.Args, "role"); r != "dispatcher" {
-		t.Errorf("dispatcher: --role=%s", r)
+	if !slices.Equal(d.Command, []string{"gpu-orphan-dispatcher"}) {
+		t.Errorf("dispatcher: command %q, want [gpu-orphan-dispatcher]", d.Command)
 	}
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
 		t.Error("dispatcher: want two replicas behind its Service")

@@ -1,4 +1,4 @@
-package app
+package dispatcher
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubeapi"
+	"github.com/gpu-orphan/gpu-orphan/remediate/app"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 )
 
@@ -83,14 +84,14 @@ func applyAgent(t *testing.T, api *kubeapi.Server, node string, a *agentListener
 // startDispatcher runs a dispatcher in this process with Kubernetes
 // discovery through api; targets is its targets file, or "". It has no
 // fleet limit (no window) unless tune sets one.
-func startDispatcher(t *testing.T, api *kubeapi.Server, targets string, tune func(*Options)) string {
+func startDispatcher(t *testing.T, api *kubeapi.Server, targets string, tune func(*app.Options)) string {
 	t.Helper()
 	wc := webConfig(t)
-	o := Options{
-		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node", UUIDLabel: "uuid",
+	o := app.Options{
+		Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, NodeLabel: "node", UUIDLabel: "uuid",
 		StorePath: filepath.Join(t.TempDir(), "d.db"), Logger: testLogger(t),
-		Dispatch: Dispatch{TargetsFile: targets, Timeout: 5 * time.Second, MaxAttempts: 1,
-			Kubernetes: Kubernetes{Service: agentsService, Namespace: agentsNamespace, PortName: "remediator", Scheme: "http",
+		Dispatch: app.Dispatch{TargetsFile: targets, Timeout: 5 * time.Second, MaxAttempts: 1,
+			Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace, PortName: "remediator", Scheme: "http",
 				Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second}},
 	}
 	if tune != nil {
@@ -201,7 +202,7 @@ func TestDiscoveredAgents(t *testing.T) {
 	applyAgent(t, api, "node-a", nodeA, ptr.To(true))
 	applyAgent(t, api, "node-n", notReady, ptr.To(false))
 	api.Apply(kubeapi.Slice("agents-nameless", agentsService, "remediator", noNode.port(t), kubeapi.Endpoint("", "127.0.0.1", nil)))
-	base := startDispatcher(t, api, "", func(o *Options) {
+	base := startDispatcher(t, api, "", func(o *app.Options) {
 		// Would reach nodeX's listener for an alert naming 127.0.0.1.
 		o.Dispatch.URLTemplate = "http://{{.Node}}:" + strconv.Itoa(int(nodeX.port(t)))
 	})
@@ -283,7 +284,7 @@ func TestFleetCountsDiscoveredNodes(t *testing.T) {
 		applyAgent(t, api, node, a, ptr.To(true))
 		agents = append(agents, a)
 	}
-	base := startDispatcher(t, api, "", func(o *Options) {
+	base := startDispatcher(t, api, "", func(o *app.Options) {
 		o.Dispatch.MaxNodes, o.Dispatch.MaxFraction, o.Dispatch.Window = 100, 0.5, time.Hour
 	})
 	if r := postAlerts(t, base, "node-a", "node-b", "node-c"); r["accepted"] != 3 {
@@ -305,9 +306,9 @@ func TestForbiddenDiscoveryFailsStart(t *testing.T) {
 	api := kubeapi.Start(t, agentsNamespace)
 	api.Forbid(true)
 	storeDir := filepath.Join(t.TempDir(), "var")
-	o := Options{Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
+	o := app.Options{Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, NodeLabel: "node",
 		StorePath: filepath.Join(storeDir, "d.db"),
-		Dispatch: Dispatch{Timeout: time.Second, Kubernetes: Kubernetes{Service: agentsService, Namespace: agentsNamespace,
+		Dispatch: app.Dispatch{Timeout: time.Second, Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace,
 			PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second}}}
 	err := Run(t.Context(), o)
 	if err == nil {

@@ -1,10 +1,11 @@
-package app
+package dispatcher
 
 import (
 	"context"
 	"log/slog"
 	"os"
 
+	"github.com/gpu-orphan/gpu-orphan/remediate/app"
 	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch/lease"
@@ -14,7 +15,7 @@ import (
 // sharedWindow is the fleet limit's window that the dispatcher replicas
 // keep together in a Lease (--dispatch.kubernetes.lease), checked before
 // the store is created; nil without it, when each replica keeps its own.
-func sharedWindow(ctx context.Context, o Options, fleet *limits.Fleet, logger *slog.Logger) (dispatch.SharedWindow, error) {
+func sharedWindow(ctx context.Context, o app.Options, fleet *limits.Fleet, logger *slog.Logger) (dispatch.SharedWindow, error) {
 	k := o.Dispatch.Kubernetes
 	if k.Lease == "" {
 		return nil, nil

@@ -1,4 +1,4 @@
-package app
+package dispatcher
 
 import (
 	"encoding/json"
@@ -17,6 +17,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubeapi"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/app"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch/lease"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
@@ -56,12 +57,12 @@ func (l *tokenListener) port(t *testing.T) int32 {
 }
 
 // withAgentToken makes the dispatcher send agentToken to its agents.
-func withAgentToken(t *testing.T) func(*Options) {
+func withAgentToken(t *testing.T) func(*app.Options) {
 	path := filepath.Join(t.TempDir(), "agent-token")
 	if err := os.WriteFile(path, []byte(agentToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return func(o *Options) { o.Dispatch.TokenFile = path }
+	return func(o *app.Options) { o.Dispatch.TokenFile = path }
 }
 
 // dispatcherActions lists a dispatcher's actions through its API.
@@ -91,7 +92,7 @@ func TestReplicasShareOneFleetLimit(t *testing.T) {
 	for node, a := range agents {
 		applyAgent(t, api, node, a, ptr.To(true))
 	}
-	tune := func(o *Options) {
+	tune := func(o *app.Options) {
 		o.Dispatch.MaxNodes, o.Dispatch.MaxFraction, o.Dispatch.Window = 1, 1, time.Hour
 		o.Dispatch.Kubernetes.Lease = "gpu-orphan-dispatcher"
 	}
@@ -145,9 +146,9 @@ func TestReplicasShareOneFleetLimit(t *testing.T) {
 func TestLeaseForbiddenFailsStart(t *testing.T) {
 	api := kubeapi.Start(t, agentsNamespace)
 	api.ForbidLeases(true)
-	o := Options{Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, Role: RoleDispatcher, NodeLabel: "node",
+	o := app.Options{Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, NodeLabel: "node",
 		StorePath: filepath.Join(t.TempDir(), "d.db"),
-		Dispatch: Dispatch{Timeout: time.Second, Kubernetes: Kubernetes{Service: agentsService, Namespace: agentsNamespace,
+		Dispatch: app.Dispatch{Timeout: time.Second, Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace,
 			PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second, Lease: "gpu-orphan-dispatcher"}}}
 	err := Run(t.Context(), o)
 	for _, says := range []string{"get, create and update", "leases", "coordination.k8s.io"} {
@@ -225,7 +226,7 @@ func TestFullDiskNodeLeavesTheFleetBreakerClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	token := withAgentToken(t)
-	base := startDispatcher(t, api, targets, func(o *Options) {
+	base := startDispatcher(t, api, targets, func(o *app.Options) {
 		token(o)
 		o.Limits.BreakerFailures, o.Limits.BreakerWindow = 3, time.Hour
 		o.Dispatch.MaxNodes, o.Dispatch.MaxFraction, o.Dispatch.Window = 10, 1, time.Hour
