@@ -250,6 +250,49 @@ func TestEpilogOtherOrphanStays(t *testing.T) {
 	}
 }
 
+// TestEpilogRespawnedWorker: the job's workers respawn on SIGTERM, so the
+// first plan's targets are gone while their replacements, in the job's
+// cgroup too, hold the context. The cleanup re-plans only under the job-end
+// rule: the replacements are signalled, and another orphan on the same GPU
+// (no process of the job's, but ripe for the dead-owner rule: its workers
+// are in the group their dead trainer led) is not. Under the remediator's
+// rule, the cleanup's own re-plan would have signalled it.
+func TestEpilogRespawnedWorker(t *testing.T) {
+	requireRoot(t)
+	root := testenv.SimNode(t, 2)
+	job := testenv.SlurmJobID()
+	mine := testenv.StartWorkload(t, root, 1, 1024, 2, "--respawn-on-sigterm")
+	intoJob(t, job, mine.Children...)
+	mine.KillParent(t)
+	other := testenv.StartWorkload(t, root, 1, 2048, 1)
+	other.KillParent(t)
+
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_GPUS=1"}, "--backend=sim", "--sim.root="+root, "epilog",
+		"--store.path=", "--grace=1s", "--verify-timeout=2s", "--log.syslog-socket=")
+	if code != 1 || !strings.Contains(out, "GPU 1 holds 2 GiB with no owner (held by "+strconv.Itoa(other.Children[0])+" (gpu-orphan-sim)") {
+		t.Errorf("epilog: exit %d\n%s\nwant 1, the other orphan named", code, out)
+	}
+	if !testenv.Alive(other.Children[0]) {
+		t.Errorf("%d, another job's orphan, was signalled", other.Children[0])
+	}
+	procs, err := os.ReadFile(filepath.Join(testenv.CgroupV1, jobCgroup(job), "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the job's workers and their replacements to exit", func() bool {
+		for p := range strings.FieldsSeq(string(procs)) {
+			if pid, _ := strconv.Atoi(p); testenv.Alive(pid) {
+				return false
+			}
+		}
+		procs, _ = os.ReadFile(filepath.Join(testenv.CgroupV1, jobCgroup(job), "cgroup.procs"))
+		return strings.TrimSpace(string(procs)) == ""
+	})
+	if used := usedMiB(t, root, 1); used != 2048+8 {
+		t.Errorf("GPU 1 uses %d MiB, want the other orphan's 2056", used)
+	}
+}
+
 // TestEpilogRecordedDescent: the job's trainer runs in the job's cgroup,
 // its workers (forked before it was put there) outside it, as workers that
 // a container runtime or `systemd-run` took out of the job are. A running
