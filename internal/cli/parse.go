@@ -12,7 +12,8 @@ var unknownFlag = regexp.MustCompile(`unknown long flag '--([^'=]+)`)
 
 // ParseError is what to print when app cannot parse its command line: the
 // parser's error, the flag meant when an unknown one is close to a real one
-// (--sim-root: did you mean --sim.root?), and where the help is. The
+// (--sim-root: did you mean --sim.root?), and, for a name it does not
+// know, where the help is. The
 // caller exits 2, as for every error in its input.
 func ParseError(app *kingpin.Application, err error) string {
 	msg := err.Error()
@@ -21,7 +22,11 @@ func ParseError(app *kingpin.Application, err error) string {
 			msg += "; did you mean --" + best + "?"
 		}
 	}
-	return msg + fmt.Sprintf(" (%s --help lists the flags)", app.Name)
+	// A bad value says what it wants already; an unknown name does not.
+	if strings.HasPrefix(msg, "unknown ") || strings.HasPrefix(msg, "expected command") || strings.Contains(msg, "unexpected ") {
+		msg += fmt.Sprintf(" (%s --help lists the flags)", app.Name)
+	}
+	return msg
 }
 
 // closestFlag is the flag of app, on any command, nearest to name: the same
