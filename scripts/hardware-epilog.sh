@@ -81,7 +81,9 @@ remove_cgroups() {
 }
 trap 'kill_started; sleep 0.5; remove_cgroups' EXIT
 start_job() { # JOB GIB CHILDREN OUTFILE: a batch script in the job's cgroup, leading its session, runs the workload
-  local cg; cg=$(cgroup_of "$1"); mkdir -p "$cg"; cgroups+=("$cg")
+  local cg; cg=$(cgroup_of "$1")
+  mkdir -p "$cg" || { echo "cannot make the job's cgroup $cg"; exit 1; }
+  cgroups+=("$cg")
   export -f workload; export bin root gpu backend py
   setsid bash -c 'echo $$ > "'"$cg"'/cgroup.procs"; ( workload '"$2 $3"' ) & wait' > "$4" 2>&1 &
   pids+=($!)
@@ -104,7 +106,7 @@ hook() { # HOOK JOB: run it as slurmd does; prints its line and exit status
 
 section "machine"
 if [ "$backend" = nvml ]; then nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; fi
-uname -r; nproc; echo "cgroups: $(dirname "$(dirname "$(dirname "$(cgroup_of 1)")")")"
+uname -r; nproc; echo "a job's cgroup: $(cgroup_of ID)"
 idle=$(used_mib); echo "GPU $gpu used before: $idle MiB"
 
 section "job $other: a healthy trainer (2 GiB) and its worker, on GPU $gpu"
