@@ -18,7 +18,8 @@ mkdir -p "$logdir"
 # there outlasts a short -fuzztime and fails with "context deadline
 # exceeded". A bounded minimisation keeps short runs honest.
 minimize=${FUZZMINIMIZE:-100x}
-grep -rl --include='*_test.go' '^func Fuzz' . | while read -r file; do
+# .tools/ holds other projects' sources (scripts/tools.sh): only ours.
+grep -rl --include='*_test.go' --exclude-dir=.tools --exclude-dir=.run --exclude-dir=dist '^func Fuzz' . | while read -r file; do
   pkg=./$(dirname "${file#./}")
   for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$file" | sed 's/^func //'); do
     echo "fuzz: $pkg $target for $fuzztime"
