@@ -28,6 +28,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
 // Config configures the fleet dispatcher.
@@ -65,9 +66,17 @@ type Config struct {
 	// Labels returns the labels of the alert (fingerprint, startsAt) as
 	// received; the store's AlertLabels. Without it, or without a record,
 	// the forwarded alert has only the node, the uuid and the alertname.
-	Labels  func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error)
-	Metrics *remediate.Metrics
-	Logger  *slog.Logger
+	Labels func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error)
+	// Taints, when set (--escalate.taint), takes a node whose memory
+	// cannot be brought back out of scheduling, and puts it back when its
+	// GPU is clean (escalate).
+	Taints *Taints
+	// AlertAttempts is the store's bound on the actions of one alert
+	// (store.RetryPolicy.MaxAttempts): the last attempt ending with the
+	// memory held taints the node.
+	AlertAttempts int
+	Metrics       *remediate.Metrics
+	Logger        *slog.Logger
 }
 
 // AgentSource gives the agents that a source vouches for: node name to
@@ -140,6 +149,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	if d.cfg.Logger == nil {
 		d.cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.cfg.AlertAttempts <= 0 {
+		d.cfg.AlertAttempts = store.DefaultMaxAttempts
 	}
 	return d, nil
 }

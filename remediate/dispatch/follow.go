@@ -108,6 +108,7 @@ func (d *Dispatcher) FollowOnce(ctx context.Context, st ResultStore) {
 				"reason": g.Reason, "freed_bytes": updated.FreedBytes}); err != nil {
 				d.cfg.Logger.Error("Recording an agent's result failed", "action", a.ID, "err", err)
 			}
+			d.escalate(ctx, st, updated)
 		}
 	}
 }
@@ -142,7 +143,7 @@ func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) (_ remedia
 	a.Policy, a.GPUIndex, a.DryRun = got.Policy, got.GPUIndex, got.DryRun
 	a.FreedBytes, a.VerifySeconds, a.NextStep = got.FreedBytes, got.VerifySeconds, got.NextStep
 	a.Before, a.After, a.DeadOwners = got.Before, got.After, got.DeadOwners
-	a.Targets, a.Excluded, a.Leftover = got.Targets, got.Excluded, got.Leftover
+	a.Targets, a.Excluded, a.Leftover, a.Escalation = got.Targets, got.Excluded, got.Leftover, got.Escalation
 	return a, ""
 }
 

@@ -68,6 +68,9 @@ type chartValues struct {
 			Enabled bool   `json:"enabled"`
 			Scheme  string `json:"scheme"`
 		} `json:"discovery"`
+		Escalate struct {
+			Taint bool `json:"taint"`
+		} `json:"escalate"`
 		Targets      map[string]string `json:"targets"`
 		URLTemplate  string            `json:"urlTemplate"`
 		Limits       map[string]any    `json:"limits"`
@@ -329,8 +332,17 @@ func checkChartObjects(t *testing.T, r *chartRender, objs []k8sObject) {
 		if o.kind == "ConfigMap" && v.Dashboards.Namespace != "" && o.obj.GetLabels()[v.Dashboards.Label] != "" {
 			wantNS = v.Dashboards.Namespace
 		}
-		if slices.Contains(clusterScoped, o.kind) {
-			t.Errorf("%s: the chart renders no cluster-scoped objects", key)
+		// The taint's grants (escalate.taint): nodes are cluster-scoped,
+		// and Node events go to namespace default.
+		taintRBAC := v.Dispatcher.Escalate.Taint && strings.HasSuffix(o.obj.GetName(), "-"+r.namespace+"-taint")
+		if taintRBAC && (o.kind == "ClusterRole" || o.kind == "ClusterRoleBinding") {
+			// checkChartDispatcher checks what they grant.
+		} else if v.Dispatcher.Escalate.Taint && strings.HasSuffix(o.obj.GetName(), "-"+r.namespace+"-node-events") && (o.kind == "Role" || o.kind == "RoleBinding") {
+			if o.obj.GetNamespace() != "default" {
+				t.Errorf("%s: namespace %q, want default, where Node events go", key, o.obj.GetNamespace())
+			}
+		} else if slices.Contains(clusterScoped, o.kind) {
+			t.Errorf("%s: the chart renders no cluster-scoped objects but the taint's", key)
 		} else if o.obj.GetNamespace() != wantNS {
 			t.Errorf("%s: namespace %q, want %q", key, o.obj.GetNamespace(), wantNS)
 		}
@@ -572,6 +584,7 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 	// EndpointSlices with discovery on, its own Lease with shared limits
 	// on, and nothing more.
 	var grants []rbacv1.PolicyRule
+	var eventGrants, nodeGrants []rbacv1.PolicyRule
 	for _, rb := range all[rbacv1.RoleBinding](objs) {
 		if !slices.ContainsFunc(rb.Subjects, func(s rbacv1.Subject) bool {
 			return s.Kind == "ServiceAccount" && s.Name == spec.ServiceAccountName && s.Namespace == r.namespace
@@ -579,14 +592,39 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 			continue
 		}
 		role := find[rbacv1.Role](objs, rb.RoleRef.Name)
-		if rb.RoleRef.Kind != "Role" || role == nil {
-			t.Errorf("RoleBinding %s: %s %s is not rendered", rb.Name, rb.RoleRef.Kind, rb.RoleRef.Name)
+		if rb.RoleRef.Kind != "Role" || role == nil || role.Namespace != rb.Namespace {
+			t.Errorf("RoleBinding %s: %s %s is not rendered in its namespace", rb.Name, rb.RoleRef.Kind, rb.RoleRef.Name)
+			continue
+		}
+		if rb.Namespace == "default" && r.namespace != "default" {
+			eventGrants = append(eventGrants, role.Rules...)
 			continue
 		}
 		grants = append(grants, role.Rules...)
 	}
-	if n := len(all[rbacv1.ClusterRole](objs)) + len(all[rbacv1.ClusterRoleBinding](objs)); n > 0 {
-		t.Errorf("%d ClusterRoles or ClusterRoleBindings; the chart needs none", n)
+	for _, rb := range all[rbacv1.ClusterRoleBinding](objs) {
+		role := find[rbacv1.ClusterRole](objs, rb.RoleRef.Name)
+		if rb.RoleRef.Kind != "ClusterRole" || role == nil || len(rb.Subjects) != 1 || rb.Subjects[0].Name != spec.ServiceAccountName || rb.Subjects[0].Namespace != r.namespace {
+			t.Errorf("ClusterRoleBinding %s: binds %+v to %s %s", rb.Name, rb.Subjects, rb.RoleRef.Kind, rb.RoleRef.Name)
+			continue
+		}
+		nodeGrants = append(nodeGrants, role.Rules...)
+	}
+	if n := len(all[rbacv1.ClusterRole](objs)); n != len(nodeGrants) && n > 0 {
+		t.Errorf("%d ClusterRoles, %d bound", n, len(nodeGrants))
+	}
+	// escalate.taint: get and patch on nodes, create on events in
+	// namespace default, nothing more; and --escalate.taint.
+	var wantNodes, wantEvents []rbacv1.PolicyRule
+	if v.Dispatcher.Escalate.Taint {
+		wantNodes = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}}
+		wantEvents = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}}}
+	}
+	if !reflect.DeepEqual(nodeGrants, wantNodes) || !reflect.DeepEqual(eventGrants, wantEvents) {
+		t.Errorf("dispatcher's taint RBAC: nodes %+v, events %+v; want exactly %+v and %+v", nodeGrants, eventGrants, wantNodes, wantEvents)
+	}
+	if has := slices.Contains(d.Args, "--escalate.taint"); has != v.Dispatcher.Escalate.Taint {
+		t.Errorf("dispatcher: --escalate.taint %v, dispatcher.escalate.taint %v", has, v.Dispatcher.Escalate.Taint)
 	}
 	service, hasService := flagValue(d.Args, "dispatch.kubernetes.service")
 	lease, hasLease := flagValue(d.Args, "dispatch.kubernetes.lease")
@@ -620,8 +658,8 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 		t.Errorf("dispatcher RBAC: %+v, want exactly %+v", grants, want)
 	}
 	mounted := spec.AutomountServiceAccountToken != nil && *spec.AutomountServiceAccountToken && sa != nil && sa.AutomountServiceAccountToken != nil && *sa.AutomountServiceAccountToken
-	if needed := len(want) > 0; mounted != needed {
-		t.Errorf("dispatcher: the API token mounted: %v; want it only for discovery or shared limits (%v)", mounted, needed)
+	if needed := len(want)+len(wantNodes) > 0; mounted != needed {
+		t.Errorf("dispatcher: the API token mounted: %v; want it only for discovery, shared limits or taints (%v)", mounted, needed)
 	}
 
 	// The static allow-list: a ConfigMap mounted as --dispatch.targets-file,

@@ -12,6 +12,9 @@
 // with 409 Conflict unless it carries the Lease's current
 // resourceVersion, the compare-and-swap that leader election and shared
 // state build on.
+//
+// And Nodes (get, and a strict JSON patch of their taints) and Events on
+// them, for the dispatcher's taints (nodes.go).
 package kubeapi
 
 import (
@@ -58,6 +61,13 @@ type Server struct {
 	leasesDenied   bool
 	leaseWrites    int
 	leaseConflicts int
+
+	nodes         map[string]*corev1.Node
+	nodeEvents    []*corev1.Event
+	nodesDenied   bool
+	eventsDenied  bool
+	patches       int
+	patchRefusals int
 }
 
 type event struct {
@@ -83,7 +93,7 @@ func Delay(d time.Duration) Option { return func(s *Server) { s.delay = d } }
 func Start(t testing.TB, namespace string, opts ...Option) *Server {
 	t.Helper()
 	s := &Server{namespace: namespace, slices: map[string]*discoveryv1.EndpointSlice{}, changed: make(chan struct{}), rv: 100,
-		leases: map[string]*coordinationv1.Lease{}}
+		leases: map[string]*coordinationv1.Lease{}, nodes: map[string]*corev1.Node{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -92,6 +102,9 @@ func Start(t testing.TB, namespace string, opts ...Option) *Server {
 	mux.HandleFunc("GET /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", s.getLease)
 	mux.HandleFunc("POST /apis/coordination.k8s.io/v1/namespaces/{ns}/leases", s.createLease)
 	mux.HandleFunc("PUT /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", s.updateLease)
+	mux.HandleFunc("GET /api/v1/nodes/{name}", s.getNode)
+	mux.HandleFunc("PATCH /api/v1/nodes/{name}", s.patchNode)
+	mux.HandleFunc("POST /api/v1/namespaces/{ns}/events", s.createEvent)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, "NotFound", "the test API server does not serve "+r.URL.Path)
 	})

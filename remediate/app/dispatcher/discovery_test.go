@@ -99,7 +99,7 @@ func startDispatcher(t *testing.T, api *kubeapi.Server, targets string, tune fun
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, o) }()
+	go func() { done <- Run(ctx, o, Escalate{}) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -310,7 +310,7 @@ func TestForbiddenDiscoveryFailsStart(t *testing.T) {
 		StorePath: filepath.Join(storeDir, "d.db"),
 		Dispatch: app.Dispatch{Timeout: time.Second, Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace,
 			PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second}}}
-	err := Run(t.Context(), o)
+	err := Run(t.Context(), o, Escalate{})
 	if err == nil {
 		t.Fatal("the dispatcher started without the permission to list its agents")
 	}

@@ -28,16 +28,27 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
+// Escalate configures what the dispatcher does beyond forwarding when a
+// node's memory cannot be brought back.
+type Escalate struct {
+	// Taint (--escalate.taint) takes such a node out of scheduling with a
+	// taint, and puts it back once its GPU is clean (dispatch.Taints).
+	Taint bool
+}
+
 // Run serves the dispatcher until ctx ends: app.Run with RoleDispatcher
-// and its wiring (o.Dispatch configures it).
-func Run(ctx context.Context, o app.Options) error {
-	o.Role, o.Dispatcher = app.RoleDispatcher, role
+// and its wiring (o.Dispatch configures it, e its escalation).
+func Run(ctx context.Context, o app.Options, e Escalate) error {
+	o.Role = app.RoleDispatcher
+	o.Dispatcher = func(ctx context.Context, o app.Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (app.Wiring, error), func(), error) {
+		return role(ctx, o, e, m, reg, logger)
+	}
 	return app.Run(ctx, o)
 }
 
 // role reads the dispatcher's routes and token, lists its discovered
 // agents, and returns what wires the dispatcher to the store.
-func role(ctx context.Context, o app.Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (app.Wiring, error), func(), error) {
+func role(ctx context.Context, o app.Options, e Escalate, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (app.Wiring, error), func(), error) {
 	token := ""
 	if o.Dispatch.TokenFile != "" {
 		b, err := os.ReadFile(o.Dispatch.TokenFile)
@@ -65,13 +76,19 @@ func role(ctx context.Context, o app.Options, m *remediate.Metrics, reg promethe
 	if err != nil {
 		return nil, nil, err
 	}
+	var taints *dispatch.Taints
+	if e.Taint {
+		if taints, err = newTaints(o, logger); err != nil {
+			return nil, nil, err
+		}
+	}
 	// The store opens after the checks; the dispatcher reads the alerts'
 	// labels from it, to forward them as received.
 	var labelStore *store.Store
 	d, err := dispatch.New(dispatch.Config{
 		URLTemplate: o.Dispatch.URLTemplate, TargetsFile: o.Dispatch.TargetsFile, Discovery: found, Token: token,
 		Client: &http.Client{Timeout: o.Dispatch.Timeout}, Fleet: fleet, Shared: shared, NodeLabel: o.NodeLabel,
-		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger,
+		MaxAttempts: o.Dispatch.MaxAttempts, Metrics: m, Logger: logger, Taints: taints, AlertAttempts: store.DefaultMaxAttempts,
 		Labels: func(ctx context.Context, fingerprint string, startsAt time.Time) (map[string]string, error) {
 			return labelStore.AlertLabels(ctx, fingerprint, startsAt)
 		},
@@ -109,6 +126,8 @@ func role(ctx context.Context, o app.Options, m *remediate.Metrics, reg promethe
 					ctx, cancel := context.WithTimeout(context.Background(), o.Dispatch.Timeout)
 					defer cancel()
 					d.ForwardResolved(ctx, a.Node, a.Labels, a.Fingerprint, a.StartsAt)
+					// The memory is back: the node goes back into scheduling.
+					d.AlertResolved(ctx, st, a.Node, a.GPUUUID)
 				}()
 			},
 		}, nil

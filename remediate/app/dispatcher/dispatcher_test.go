@@ -50,7 +50,7 @@ func TestStartChecksBeforeTheStore(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			storeDir := filepath.Join(t.TempDir(), "var", "lib", "gpu-orphan")
 			o := app.Options{Web: webConfig(t), Auth: auth, Dispatch: tc.d, StorePath: filepath.Join(storeDir, "remediator.db")}
-			err := Run(t.Context(), o)
+			err := Run(t.Context(), o, Escalate{})
 			if err == nil || !strings.Contains(err.Error(), tc.says) {
 				t.Errorf("Run: %v, want an error saying %q", err, tc.says)
 			}
@@ -77,7 +77,7 @@ func TestStartCreatesTheStore(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, o) }()
+	go func() { done <- Run(ctx, o, Escalate{}) }()
 	// Serving means the store is open and migrated: stopping earlier
 	// would interrupt its set-up (seen under -race on a loaded machine).
 	testenv.Eventually(t, 30*time.Second, "the dispatcher to serve", func() bool {

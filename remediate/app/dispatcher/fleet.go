@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -42,4 +43,21 @@ func sharedWindow(ctx context.Context, o app.Options, fleet *limits.Fleet, logge
 	}
 	logger.Info("The fleet limit's window is shared with the other dispatcher replicas", "lease", ns+"/"+k.Lease, "identity", identity)
 	return w, nil
+}
+
+// newTaints is the dispatcher's hand on the nodes' taints
+// (--escalate.taint), through the API server as --dispatch.kubernetes.kubeconfig
+// or the pod's service account reach it.
+func newTaints(o app.Options, logger *slog.Logger) (*dispatch.Taints, error) {
+	rc, err := discovery.ClientConfig(o.Dispatch.Kubernetes.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--escalate.taint: %w", err)
+	}
+	identity, err := os.Hostname()
+	if err != nil {
+		identity = "gpu-orphan-dispatcher"
+	}
+	logger.Info("Nodes whose GPU memory cannot be brought back are taken out of scheduling", "taint", dispatch.TaintKey+"=<GPU UUID>:NoSchedule",
+		"max_fraction", o.Dispatch.MaxFraction, "events_namespace", dispatch.EventNamespace)
+	return dispatch.NewTaints(dispatch.TaintConfig{RESTConfig: rc, MaxFraction: o.Dispatch.MaxFraction, Identity: identity, Timeout: o.Dispatch.Timeout})
 }

@@ -150,7 +150,7 @@ func TestLeaseForbiddenFailsStart(t *testing.T) {
 		StorePath: filepath.Join(t.TempDir(), "d.db"),
 		Dispatch: app.Dispatch{Timeout: time.Second, Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace,
 			PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second, Lease: "gpu-orphan-dispatcher"}}}
-	err := Run(t.Context(), o)
+	err := Run(t.Context(), o, Escalate{})
 	for _, says := range []string{"get, create and update", "leases", "coordination.k8s.io"} {
 		if err == nil || !strings.Contains(err.Error(), says) {
 			t.Errorf("Run without RBAC for leases: %v; want it to say %q", err, says)
