@@ -495,28 +495,8 @@ func RunChild(cfg ChildConfig) error {
 // open files), waits until it is ready, drains, and returns so that this
 // process exits.
 func respawn(cfg ChildConfig) error {
-	r, wr, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("sim: respawn: %w", err)
-	}
-	defer r.Close()
-	files := []*os.File{os.NewFile(childDevFD, "dev"), os.NewFile(childContextFD, "context"), wr, os.NewFile(childUVMFD, "uvm")}
-	for i := range cfg.OtherDevices {
-		files = append(files, os.NewFile(uintptr(childOtherFD+i), "other"))
-	}
-	var args []string
-	if cfg.OtherDevices > 0 {
-		args = append(args, OtherDevicesFlag+"="+strconv.Itoa(cfg.OtherDevices))
-	}
-	cmd, err := execSelf(append([]string{ChildCommand}, args...), files)
-	wr.Close()
-	if err != nil {
-		return fmt.Errorf("sim: respawn: %w", err)
-	}
-	if _, err := readReady(r); err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("sim: replacement %d did not start: %w", cmd.Process.Pid, err)
+	if _, err := startInheritor(cfg, "replacement"); err != nil {
+		return err
 	}
 	// A worker that hands over drains its work before it exits.
 	time.Sleep(respawnDrain)
@@ -532,9 +512,23 @@ const respawnDrain = 500 * time.Millisecond
 // workload's, reports that child's PID once it is ready, and returns so
 // that this process exits and the child is reparented.
 func forkHelper(cfg ChildConfig) error {
+	cmd, err := startInheritor(cfg, "helper")
+	if err != nil {
+		return err
+	}
+	if _, err := unix.Write(childReadyFD, []byte("ok "+strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("sim: helper: %w", err)
+	}
+	return nil
+}
+
+// startInheritor starts a plain child (what) with the descriptors this
+// child inherited, and waits until it says it is ready.
+func startInheritor(cfg ChildConfig, what string) (*exec.Cmd, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
-		return fmt.Errorf("sim: helper: %w", err)
+		return nil, fmt.Errorf("sim: %s: %w", what, err)
 	}
 	defer r.Close()
 	files := []*os.File{os.NewFile(childDevFD, "dev"), os.NewFile(childContextFD, "context"), wr, os.NewFile(childUVMFD, "uvm")}
@@ -548,16 +542,12 @@ func forkHelper(cfg ChildConfig) error {
 	cmd, err := execSelf(append([]string{ChildCommand}, args...), files)
 	wr.Close()
 	if err != nil {
-		return fmt.Errorf("sim: starting helper: %w", err)
+		return nil, fmt.Errorf("sim: starting the %s: %w", what, err)
 	}
 	if _, err := readReady(r); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return fmt.Errorf("sim: helper %d did not start: %w", cmd.Process.Pid, err)
+		return nil, fmt.Errorf("sim: %s %d did not start: %w", what, cmd.Process.Pid, err)
 	}
-	if _, err := unix.Write(childReadyFD, []byte("ok "+strconv.Itoa(cmd.Process.Pid)+"\n")); err != nil {
-		_ = cmd.Process.Kill()
-		return fmt.Errorf("sim: helper: %w", err)
-	}
-	return nil
+	return cmd, nil
 }
