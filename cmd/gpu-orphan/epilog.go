@@ -33,21 +33,11 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	start := time.Now()
 	ctx, cancel := hookContext(o.timeout)
 	defer cancel()
-	closeAll, err := h.open(ctx, backend)
-	if err != nil {
-		return h.finish("", []problem{{short: "the GPUs cannot be read", detail: err.Error()}})
+	s, jobGPUs, closeAll, code, done := h.begin(ctx, backend)
+	if done {
+		return code
 	}
 	defer closeAll()
-
-	s := h.loop.Refresh(ctx, true)
-	if ps := unreadable(s); ps != nil {
-		return h.finish("", ps)
-	}
-	jobGPUs, err := h.resolveGPUs(s)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan epilog: job %s: %v\n", h.job.ID, err)
-		return hookBadInput
-	}
 	// The job-end rule decides; the node only carries out its plans. Its
 	// own re-plans (for holders a plan did not name) follow its decision
 	// configuration, which neverAge keeps from ripening: the epilog makes

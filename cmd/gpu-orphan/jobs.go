@@ -264,6 +264,28 @@ func (h *hook) restoreLineage(ctx context.Context) {
 
 // unreadable is the problem of a snapshot that lists no GPU because a
 // source failed (the driver): nothing can be checked, nor signalled.
+// begin is what both hooks do first: open the backend, take a snapshot, and
+// resolve the job's GPUs. done is true when the hook has ended there, code
+// being its exit status; otherwise closeAll releases what begin opened.
+func (h *hook) begin(ctx context.Context, backend *cli.Backend) (s *snapshot.Snapshot, gpus []string, closeAll func(), code int, done bool) {
+	closeAll, err := h.open(ctx, backend)
+	if err != nil {
+		return nil, nil, nil, h.finish("", []problem{{short: "the GPUs cannot be read", detail: err.Error()}}), true
+	}
+	s = h.loop.Refresh(ctx, true)
+	if ps := unreadable(s); ps != nil {
+		code = h.finish("", ps)
+		closeAll()
+		return nil, nil, nil, code, true
+	}
+	if gpus, err = h.resolveGPUs(s); err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan %s: job %s: %v\n", h.name, h.job.ID, err)
+		closeAll()
+		return nil, nil, nil, hookBadInput, true
+	}
+	return s, gpus, closeAll, 0, false
+}
+
 func unreadable(s *snapshot.Snapshot) []problem {
 	if len(s.GPUs) > 0 || s.Healthy() {
 		return nil

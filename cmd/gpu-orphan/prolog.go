@@ -30,21 +30,11 @@ func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	start := time.Now()
 	ctx, cancel := hookContext(o.timeout)
 	defer cancel()
-	closeAll, err := h.open(ctx, backend)
-	if err != nil {
-		return h.finish("", []problem{{short: "the GPUs cannot be read", detail: err.Error()}})
+	s, gpus, closeAll, code, done := h.begin(ctx, backend)
+	if done {
+		return code
 	}
 	defer closeAll()
-
-	s := h.loop.Refresh(ctx, true)
-	if ps := unreadable(s); ps != nil {
-		return h.finish("", ps)
-	}
-	gpus, err := h.resolveGPUs(s)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan prolog: job %s: %v\n", h.job.ID, err)
-		return hookBadInput
-	}
 	node := cleanup.New(cleanup.Config{
 		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
 		Ladder: h.ladder(h.fs), Act: true, VerifyTimeout: o.verifyTimeout,
