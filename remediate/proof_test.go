@@ -5,6 +5,7 @@ package remediate_test
 // simulated node; each failed on the code before it (docs/safety.md).
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -364,4 +365,39 @@ func TestProofNoProofNoSignal(t *testing.T) {
 		}
 	}
 	wantAlive(t, "an unproven holder", w.Children...)
+}
+
+// TestProofLauncherBelongsToItsJob: the ancestor rule alone. A launcher
+// that called cuInit (the device mapped, no context), parent of a live
+// rank, beside another job's fork orphan, is part of the rank's job: no
+// suspect at all, not even an unexplained holder.
+func TestProofLauncherBelongsToItsJob(t *testing.T) {
+	skipShort(t)
+	root := testenv.SimNode(t, 2)
+	sim := simBin(t)
+	s := testenv.StartScript(t, fmt.Sprintf("exec %s launch --root %s --gpu 1 -- %s run --root %s --gpu 1 --mib 1024", sim, root, sim, root))
+	launcher := s.Line(t, "launcher").PID
+	s.Ready(t)
+	orphan := testenv.StartWorkload(t, root, 1, 2048, 1)
+	orphan.KillParent(t)
+	out, err := exec.Command(testenv.Bin(t, "gpu-orphan"), "ps", "-o", "json", "--backend=sim", "--sim.root="+root).Output()
+	if err != nil {
+		t.Fatalf("gpu-orphan ps: %v\n%s", err, out)
+	}
+	var r struct {
+		GPUs []struct {
+			Suspects []struct {
+				PID    int    `json:"pid"`
+				Reason string `json:"reason"`
+			} `json:"suspects"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range r.GPUs[1].Suspects {
+		if h.PID == launcher {
+			t.Errorf("the launcher of a live rank is a suspect (%s)", h.Reason)
+		}
+	}
 }

@@ -67,6 +67,36 @@ func sessionOf(t *testing.T, sid int) map[int]int {
 	return out
 }
 
+// scriptedTrainer starts a job script (leading its session and group) whose
+// child, the trainer, holds dev and forks a worker that maps it, and
+// returns the trainer's and the worker's PIDs once the worker maps dev.
+func scriptedTrainer(t *testing.T, dev string) (trainer, worker int) {
+	t.Helper()
+	script := exec.Command("sh", "-c", `sh -c 'exec 3<"$1"; "$0" & wait' "$0" "$1" & wait`, os.Args[0], dev)
+	script.Env = testenv.MapperEnviron()
+	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-script.Process.Pid, syscall.SIGKILL); script.Wait() })
+	testenv.Eventually(t, 5*time.Second, "the trainer and its worker", func() bool {
+		procs := sessionOf(t, script.Process.Pid)
+		for pid, ppid := range procs {
+			if ppid == script.Process.Pid {
+				trainer = pid
+			}
+		}
+		for pid, ppid := range procs {
+			if trainer != 0 && ppid == trainer {
+				worker = pid
+			}
+		}
+		return worker != 0
+	})
+	waitMapped(t, worker, dev)
+	return trainer, worker
+}
+
 // TestProofDescentRecorded: a trainer that leads neither its group nor its
 // session (a job script does) forks a worker and dies. Only a Loop that saw
 // the worker descend from the trainer while it lived can prove that the
@@ -76,29 +106,7 @@ func TestProofDescentRecorded(t *testing.T) {
 	nv := &switchable{}
 	d := newDriverFunc(t, nv.get)
 	dev := d.DevicePath(0)
-	// The script leads the session and group; the trainer is its child.
-	script := exec.Command("sh", "-c", `sh -c 'exec 3<"$1"; "$0" & wait' "$0" "$1" & wait`, os.Args[0], dev)
-	script.Env = testenv.MapperEnviron()
-	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := script.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Kill(-script.Process.Pid, syscall.SIGKILL); script.Wait() })
-	var trainer, worker int
-	testenv.Eventually(t, 5*time.Second, "the trainer and its worker", func() bool {
-		for pid, ppid := range sessionOf(t, script.Process.Pid) {
-			if ppid == script.Process.Pid {
-				trainer = pid
-			}
-		}
-		for pid, ppid := range sessionOf(t, script.Process.Pid) {
-			if trainer != 0 && ppid == trainer {
-				worker = pid
-			}
-		}
-		return worker != 0
-	})
-	waitMapped(t, worker, dev)
+	trainer, worker := scriptedTrainer(t, dev)
 
 	loop := newLoop(t, d)
 	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
@@ -215,28 +223,7 @@ func TestReusedPIDHoldingTheGPU(t *testing.T) {
 	d := newDriverFunc(t, nv.get)
 	dev := d.DevicePath(0)
 	// The owner is not a group leader, so its worker is proven by descent.
-	script := exec.Command("sh", "-c", `sh -c 'exec 3<"$1"; "$0" & wait' "$0" "$1" & wait`, os.Args[0], dev)
-	script.Env = testenv.MapperEnviron()
-	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := script.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Kill(-script.Process.Pid, syscall.SIGKILL); script.Wait() })
-	var owner, worker int
-	testenv.Eventually(t, 5*time.Second, "the owner and its worker", func() bool {
-		for pid, ppid := range sessionOf(t, script.Process.Pid) {
-			if ppid == script.Process.Pid {
-				owner = pid
-			}
-		}
-		for pid, ppid := range sessionOf(t, script.Process.Pid) {
-			if owner != 0 && ppid == owner {
-				worker = pid
-			}
-		}
-		return worker != 0
-	})
-	waitMapped(t, worker, dev)
+	owner, worker := scriptedTrainer(t, dev)
 	loop := newLoop(t, d)
 	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(owner, 4706)}})
 	loop.Refresh(context.Background(), false)
