@@ -100,6 +100,8 @@ func TestEscalateTaint(t *testing.T) {
 	}
 	send("firing")
 	testenv.Eventually(t, 20*time.Second, "gpu-a to be tainted", func() bool { return tainted() == "GPU-1:NoSchedule" })
+	// The Event is posted after the taint: wait for it, then check it.
+	testenv.Eventually(t, 20*time.Second, "an Event on gpu-a", func() bool { return len(api.NodeEvents()) > 0 })
 	evs := api.NodeEvents()
 	if len(evs) != 1 || evs[0].InvolvedObject.Name != "gpu-a" || evs[0].Reason != "GPUOrphanTainted" || !strings.Contains(evs[0].Message, "hidden_holder") {
 		t.Fatalf("Events: %+v", evs)
