@@ -21,8 +21,9 @@ import (
 
 // NewRegistry returns the exporter's registry: the snapshot collector plus
 // build info, Go and process collectors.
-func NewRegistry(loop Source, logger *slog.Logger) *prometheus.Registry {
+func NewRegistry(loop Source, logger *slog.Logger, extra ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(extra...)
 	reg.MustRegister(
 		NewCollector(loop, logger),
 		versioncollector.NewCollector("gpu_orphan_exporter"),

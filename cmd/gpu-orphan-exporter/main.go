@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/promslog"
 	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/exporter"
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/slurm"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/internal/statefile"
 )
@@ -37,6 +39,12 @@ func run() int {
 		"descendants held the GPU (the proof gpu_orphan_holder_info's reasons rest on). Without it, an exporter started after an "+
 		"owner died does not know who it was. Written 0600, its directory 0700; a corrupt state, or one from another boot, is "+
 		"reported and ignored.").PlaceHolder("FILE").String()
+	slurmDrain := app.Flag("collector.slurm-drain", "Report whether Slurm keeps this node drained because of gpu-orphan's prolog or epilog "+
+		"(gpu_orphan_slurm_node_drained, for the GPUOrphanNodeOutOfScheduling alert): asks sinfo, at most every --slurm.max-age.").Bool()
+	slurmNode := app.Flag("slurm.node", "This node's name in Slurm, for --collector.slurm-drain. Default: the host name.").PlaceHolder("NAME").String()
+	slurmSinfo := app.Flag("slurm.sinfo", "The sinfo command, for --collector.slurm-drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin.").
+		Default("sinfo").String()
+	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How long one answer of sinfo serves scrapes (it asks slurmctld).").Default("30s"))
 	backend := cli.AddBackendFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
@@ -50,6 +58,24 @@ func run() int {
 	if *interval <= 0 {
 		logger.Error("--collector.interval must be positive", "value", *interval)
 		return 2
+	}
+
+	var extra []prometheus.Collector
+	if *slurmDrain {
+		sinfo, err := slurm.Look(*slurmSinfo, "--slurm.sinfo")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: --collector.slurm-drain: %v\n", err)
+			return 2
+		}
+		name := *slurmNode
+		if name == "" {
+			if name, err = os.Hostname(); err != nil {
+				fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: --collector.slurm-drain: no --slurm.node and no host name: %v\n", err)
+				return 2
+			}
+		}
+		extra = append(extra, exporter.NewSlurmDrain(exporter.SlurmConfig{Sinfo: sinfo, Node: name, MaxAge: *slurmMaxAge, Logger: logger}))
+		logger.Info("Reporting whether Slurm drained this node because of gpu-orphan", "node", name, "sinfo", sinfo, "max_age", *slurmMaxAge)
 	}
 
 	node, err := backend.Open(logger)
@@ -75,7 +101,7 @@ func run() int {
 	go loop.Run(ctx)
 	go cli.LogChanges(ctx, logger, loop)
 
-	handler, err := exporter.NewHandler(exporter.NewGatherer(exporter.NewRegistry(loop, logger), loop), *telemetryPath, logger)
+	handler, err := exporter.NewHandler(exporter.NewGatherer(exporter.NewRegistry(loop, logger, extra...), loop), *telemetryPath, logger)
 	if err != nil {
 		logger.Error("Cannot start", "err", err)
 		return 1

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/slurm"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
@@ -348,6 +348,7 @@ func (h *hook) act(ctx context.Context, node *cleanup.Node, plan decide.Plan, st
 // record inserts a new action, with the job it is for; it is an error to
 // act without a record when a store was asked for.
 func (h *hook) record(ctx context.Context, a *remediate.Action) error {
+	a.Job = h.jobRef()
 	if h.storeErr != nil {
 		return fmt.Errorf("refusing to signal without an audit record: %w", h.storeErr)
 	}
@@ -518,7 +519,7 @@ func (h *hook) finish(ok string, problems []problem) int {
 			parts = append(parts, s)
 		}
 		line = fmt.Sprintf("job %s: %s", h.job.ID, strings.Join(parts, "; "))
-		reason := "gpu-orphan: " + problems[0].short
+		reason := slurm.ReasonPrefix + problems[0].short
 		if len(problems) > 1 {
 			reason += fmt.Sprintf(" (and %d more)", len(problems)-1)
 		}
@@ -589,7 +590,7 @@ func (h *hook) drainNode(ctx context.Context, reason string) error {
 	if h.o.node == "" {
 		return errors.New("no node name (SLURMD_NODENAME, or --slurm.node)")
 	}
-	bin, err := lookScontrol(h.o.scontrol)
+	bin, err := slurm.Look(h.o.scontrol, "--slurm.scontrol")
 	if err != nil {
 		return err
 	}
@@ -598,27 +599,6 @@ func (h *hook) drainNode(ctx context.Context, reason string) error {
 		return fmt.Errorf("%s update nodename=%s state=drain: %w: %s", bin, h.o.node, err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// scontrolDirs are where scontrol is looked for when PATH does not have
-// it: Slurm runs prologs and epilogs with an environment of its own, no
-// PATH in it.
-var scontrolDirs = []string{"/usr/bin", "/usr/local/bin", "/opt/slurm/bin"}
-
-func lookScontrol(name string) (string, error) {
-	if strings.Contains(name, "/") {
-		return name, nil
-	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, d := range scontrolDirs {
-		p := filepath.Join(d, name)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found in PATH nor in %s: give --slurm.scontrol=PATH", name, strings.Join(scontrolDirs, ", "))
 }
 
 // syslog sends the line to the syslog socket, if there is one: slurmd

@@ -2,6 +2,7 @@ package slurmtest
 
 import (
 	"encoding/json"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -242,6 +243,34 @@ func TestSlurmEpilogLeakDrains(t *testing.T) {
 	if len(as) != 1 || len(as[0].Targets) != 2 {
 		t.Fatalf("epilog actions %+v, want one on the job's two workers", as)
 	}
+
+	// The node's exporter, asking the real sinfo, reports the drain for
+	// GPUOrphanNodeOutOfScheduling, and stops once a person resumes it.
+	t.Setenv("SLURM_CONF", c.conf)
+	addr := testenv.FreeAddr(t)
+	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-exporter"), "--backend=sim", "--sim.root="+c.simRoot, "--web.listen-address="+addr,
+		"--collector.slurm-drain", "--slurm.node="+c.node, "--slurm.sinfo="+c.bins["sinfo"], "--slurm.max-age=1s")
+	drained := func() (float64, string) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return -1, ""
+		}
+		resp.Body.Close()
+		_, mfs := testenv.Scrape(t, "http://"+addr+"/metrics")
+		for _, m := range testenv.Series(mfs, "gpu_orphan_slurm_node_drained", nil) {
+			return m.GetGauge().GetValue(), testenv.Label(m, "reason")
+		}
+		return -1, ""
+	}
+	testenv.Eventually(t, 20*time.Second, "gpu_orphan_slurm_node_drained 1 with gpu-orphan's reason", func() bool {
+		v, r := drained()
+		return v == 1 && r == reason
+	})
+	c.resume(t)
+	testenv.Eventually(t, 20*time.Second, "gpu_orphan_slurm_node_drained 0 once resumed", func() bool {
+		v, r := drained()
+		return v == 0 && r == ""
+	})
 }
 
 // TestSlurmPrologCleansStaleOrphan: a fork orphan from before (outside
