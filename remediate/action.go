@@ -7,6 +7,7 @@ package remediate
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
@@ -57,8 +58,14 @@ type Action struct {
 
 	AlertFingerprint string    `json:"alert_fingerprint,omitempty"`
 	AlertStartsAt    time.Time `json:"alert_starts_at,omitempty"`
-	// Source is "webhook" or "cli".
+	// Source is what started the action: SourceWebhook, SourceCLI,
+	// SourceProlog, SourceEpilog or SourceDispatch.
 	Source string `json:"source"`
+	// Job is set on a prolog's or an epilog's action (and its failure
+	// record): the Slurm job the hook ran for. For the epilog it is the job
+	// whose processes were signalled; for the prolog, the job about to
+	// start, not the one that left the memory (DeadOwners name that one).
+	Job *JobRef `json:"job,omitempty"`
 
 	FreedBytes uint64     `json:"freed_bytes"`
 	StartedAt  time.Time  `json:"started_at"`
@@ -103,6 +110,49 @@ type Action struct {
 	// a human, which the circuit breaker does not count, since the
 	// remediator's own signals did all they could.
 	Escalation string `json:"escalation,omitempty"`
+}
+
+// Sources (Action.Source). These names are a contract with outside
+// tooling, and the source label of
+// gpu_orphan_remediator_recorded_actions_total.
+const (
+	// SourceWebhook: an alert delivered by Alertmanager to a node agent.
+	SourceWebhook = "webhook"
+	// SourceCLI: `gpu-orphan clean --store.path`.
+	SourceCLI = "cli"
+	// SourceProlog and SourceEpilog: `gpu-orphan prolog` and
+	// `gpu-orphan epilog`, run by slurmd at a job's start and end.
+	SourceProlog = "prolog"
+	SourceEpilog = "epilog"
+	// SourceDispatch: a dispatcher's forwarding of an alert to its node's
+	// agent.
+	SourceDispatch = "dispatch"
+)
+
+// Sources lists every source.
+var Sources = []string{SourceWebhook, SourceCLI, SourceProlog, SourceEpilog, SourceDispatch}
+
+// JobRef is the Slurm job that a prolog or an epilog ran for, as slurmd
+// named it in the hook's environment (SLURM_JOB_ID, SLURM_JOB_UID).
+type JobRef struct {
+	SlurmJob string `json:"slurm_job"`
+	// UID is the job's user; nil when slurmd did not say.
+	UID *int `json:"uid,omitempty"`
+	// User is the UID's name on the node, or the UID as a number when the
+	// node cannot name it.
+	User string `json:"user,omitempty"`
+}
+
+// UserLabel is the job's user as a report key or a metric label: its
+// name, else its UID, else UnknownUser.
+func (j JobRef) UserLabel() string {
+	switch {
+	case j.User != "":
+		return j.User
+	case j.UID != nil:
+		return strconv.Itoa(*j.UID)
+	}
+	return UnknownUser
 }
 
 // Escalations (Action.Escalation).

@@ -50,11 +50,11 @@ func TestActionsPageInABrowser(t *testing.T) {
 		t.Errorf("the page's Content-Security-Policy blocks part of it:\n%s", console)
 	}
 	for _, want := range []string{
-		`id="action-` + a.ID + `"`,           // the action, linked to its JSON
-		`href="api/v1/actions/` + a.ID + `"`, //
+		`id="action-` + a.ID + `"`,           // the action, linked to its detail
+		`href="actions/` + a.ID + `"`,        //
 		"Slurm job " + job,                   // who left the memory
 		"<td>" + job + "</td>",               // the report's row for the job
-		`<span class="shut">shut</span>`,     // the breaker
+		`<span class="closed">closed</span>`, // the breaker
 		`class="current">slurm_job</a>`,      // --by as links
 		`class="state-succeeded">succeeded`,  // the state
 	} {

@@ -190,6 +190,17 @@ echo done $$; sleep 600
 	if ev := slurmJobEvent(events[act.ID]); !strings.Contains(ev, `"job_id":"`+jobA+`"`) || !strings.Contains(ev, `"hook":"epilog"`) {
 		t.Errorf("the record does not name job A: slurm_job event %q", ev)
 	}
+	if j := act.Job; j == nil || j.SlurmJob != jobA || j.UID == nil || *j.UID != 0 || j.User != "root" {
+		t.Errorf("the action's job %+v, want job A (%s) of root (UID 0)", j, jobA)
+	}
+	// gpu-orphan report counts the cleanup for job A and its user, though
+	// its targets were live processes and no dead owner was known.
+	for by, key := range map[string]string{"slurm_job": jobA, "user": "root", "source": "epilog"} {
+		code, stdout, stderr := runBin(t, "report", "--store.path="+db, "--by="+by, "-o", "csv")
+		if lines := strings.Split(strings.TrimSpace(stdout), "\n"); code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[1], key+",1,") {
+			t.Errorf("report --by=%s: exit %d, %s\n%s\nwant one row, %s", by, code, stderr, stdout, key)
+		}
+	}
 
 	// Job B's end: its processes, live owners, are targets now.
 	code, out = runHook(t, []string{"SLURM_JOB_ID=" + jobB, "SLURM_JOB_UID=0"},
@@ -399,6 +410,9 @@ func TestPrologCleansDeadOwner(t *testing.T) {
 	if ev := slurmJobEvent(events[as[0].ID]); !strings.Contains(ev, `"job_id":"`+job+`"`) || !strings.Contains(ev, `"hook":"prolog"`) {
 		t.Errorf("slurm_job event %q", ev)
 	}
+	if j := as[0].Job; j == nil || j.SlurmJob != job || j.UID == nil || *j.UID != 0 || j.User != "root" {
+		t.Errorf("the action's job %+v, want %s of root (UID 0)", j, job)
+	}
 }
 
 // TestPrologLeak: memory that no process holds cannot be cleaned: the
@@ -441,6 +455,10 @@ func TestPrologLeak(t *testing.T) {
 	if len(as) != 1 || as[0].Source != "prolog" || as[0].State != remediate.StateFailed || as[0].GPUIndex != 1 ||
 		as[0].Before == nil || as[0].Before.UnownedBytes != 40<<30 || len(as[0].Targets) != 0 {
 		t.Errorf("actions %+v, want the prolog's failure on GPU 1 with its evidence and no targets", as)
+	}
+	// The failure record names the job too; slurmd gave no SLURM_JOB_UID.
+	if len(as) == 1 && (as[0].Job == nil || *as[0].Job != (remediate.JobRef{SlurmJob: job})) {
+		t.Errorf("the failure's job %+v, want %s with no user", as[0].Job, job)
 	}
 }
 

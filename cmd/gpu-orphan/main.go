@@ -42,10 +42,12 @@ func run(args []string) int {
 	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path).").String()
 	cleanFlags := remediateflag.AddCleanFlags(clean)
 
-	rep := app.Command("report", "Who leaves orphaned GPU memory behind: per user, Slurm job, command or node, the orphaned-memory events, the GiB·hours held with no live owner before the cleanup, the memory given back, and the last time; from the remediator's audit database, or from a remediator's API (a dispatcher's covers the fleet).")
+	rep := app.Command("report", "Who leaves orphaned GPU memory behind: per user, Slurm job, command, node or source, the orphaned-memory events, the GiB·hours held with no live owner before the cleanup, the memory given back, and the last time; from the remediator's audit database, or from a remediator's API (a dispatcher's covers the fleet).")
 	var ro reportOptions
 	rep.Flag("since", "How far back, as a Prometheus duration: 7d, 12h, 2w.").Default("7d").StringVar(&ro.since)
-	rep.Flag("by", "Group by user, slurm_job, comm (the dead owner's command) or node.").Default("user").HintOptions("user", "slurm_job", "comm", "node").StringVar(&ro.by)
+	rep.Flag("by", "Group by user, slurm_job, comm (the dead owner's command), node, or source (what started the cleanup: webhook, cli, prolog, epilog, dispatch). "+
+		"An epilog's cleanup counts for its job and the job's user; a prolog's, for the dead owners it cleaned up after.").
+		Default("user").HintOptions("user", "slurm_job", "comm", "node", "source").StringVar(&ro.by)
 	cli.EnumVar(rep.Flag("output", "Output format: table, json or csv.").Short('o').Default("table"), &ro.output, "table", "json", "csv")
 	rep.Flag("store.path", "The remediator's audit database, opened read-only.").Default(defaultStorePath).IsSetByUser(&ro.storeSet).StringVar(&ro.storePath)
 	rep.Flag("url", "A remediator's base URL (http(s)://host:10836) to read GET /api/v1/actions from instead; a dispatcher's holds its agents' results.").StringVar(&ro.url)

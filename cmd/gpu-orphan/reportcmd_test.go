@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -174,7 +175,7 @@ func TestReportBadInput(t *testing.T) {
 		{[]string{"--since=7x"}, 2, `invalid --since "7x": want a duration such as 7d, 12h or 2w`},
 		{[]string{"--since=-1d"}, 2, `invalid --since "-1d"`},
 		{[]string{"--since=0"}, 2, `invalid --since "0"`},
-		{[]string{"--by=job"}, 2, `invalid --by: cannot group by "job": want one of user, slurm_job, comm, node`},
+		{[]string{"--by=job"}, 2, `invalid --by: cannot group by "job": want one of user, slurm_job, comm, node, source`},
 		{[]string{"-o", "yaml"}, 2, `invalid --output "yaml": want one of table, json, csv`},
 		{[]string{"--url=http://127.0.0.1:9"}, 2, "give --store.path or --url, not both"},
 		{[]string{"--auth.token-file=/dev/null"}, 2, "--auth.token-file is for --url"},
@@ -193,5 +194,64 @@ func TestReportBadInput(t *testing.T) {
 	code, _, stderr := runBin(t, "report", "--url=ftp://host")
 	if code != 2 || !strings.Contains(stderr, `invalid remediator URL "ftp://host": want http(s)://host:port`) {
 		t.Errorf("--url=ftp://host: exit %d, %s", code, stderr)
+	}
+}
+
+// TestReportHookActions: the prolog's and the epilog's actions, recorded
+// with their job, beside an alert's cleanup. By Slurm job and by user, an
+// epilog's cleanup is its job's; a prolog's, the dead owner's it cleaned up
+// after; by source, each trigger's events.
+func TestReportHookActions(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Second)
+	uidAlice, uidCarol, uidDave := 1001, 1003, 1004
+	alice := remediate.DeadOwner{PID: 10, UsedBytes: 2 << 30, Known: true, Comm: "python", User: "alice", UID: &uidAlice, SlurmJob: "81234"}
+	act := func(ago time.Duration, source string, job *remediate.JobRef, freed uint64, owners ...remediate.DeadOwner) remediate.Action {
+		fin := now.Add(-ago)
+		return remediate.Action{Node: "gpu-node-1", GPUUUID: "GPU-1", State: remediate.StateSucceeded, Source: source, Job: job,
+			StartedAt: fin.Add(-time.Second), FinishedAt: &fin, FreedBytes: freed,
+			Before: &remediate.MemoryEvidence{UnownedBytes: freed, UnownedAgeSeconds: 60}, DeadOwners: owners}
+	}
+	path := filepath.Join(t.TempDir(), "remediator.db")
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []remediate.Action{
+		act(4*time.Hour, remediate.SourceWebhook, nil, 2<<30, alice),
+		act(3*time.Hour, remediate.SourceEpilog, &remediate.JobRef{SlurmJob: "700", UID: &uidCarol, User: "carol"}, 1<<30),
+		act(2*time.Hour, remediate.SourceEpilog, &remediate.JobRef{SlurmJob: "701", UID: &uidCarol, User: "carol"}, 1<<30, remediate.DeadOwner{PID: 30}),
+		act(time.Hour, remediate.SourceProlog, &remediate.JobRef{SlurmJob: "800", UID: &uidDave, User: "dave"}, 2<<30, alice),
+	} {
+		if _, err := st.Insert(context.Background(), a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+
+	for _, tc := range []struct {
+		by   string
+		want map[string]int // events by key
+	}{
+		{"slurm_job", map[string]int{"81234": 2, "700": 1, "701": 1}},
+		{"user", map[string]int{"alice": 2, "carol": 2}},
+		{"source", map[string]int{"webhook": 1, "epilog": 2, "prolog": 1}},
+	} {
+		code, stdout, stderr := runBin(t, "report", "--store.path="+path, "--by="+tc.by, "-o", "json")
+		if code != 0 {
+			t.Fatalf("--by=%s: exit %d: %s", tc.by, code, stderr)
+		}
+		got := map[string]int{}
+		for _, row := range decodeReport(t, stdout).Rows {
+			got[row.Key] = row.Events
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("--by=%s: events by key %v, want %v", tc.by, got, tc.want)
+		}
+	}
+	code, stdout, _ := runBin(t, "report", "--store.path="+path, "--by=source")
+	for _, s := range []string{"Orphaned GPU memory by source, ", ": 4 events.", "SOURCE", "epilog", "prolog", "webhook"} {
+		if code != 0 || !strings.Contains(stdout, s) {
+			t.Errorf("table by source lacks %q (exit %d):\n%s", s, code, stdout)
+		}
 	}
 }

@@ -92,9 +92,12 @@ func NewRouter(cfg Config) (http.Handler, error) {
 		Name:        "GPU Orphan Remediator",
 		Description: "Takes Alertmanager's alerts and cleans up the processes that hold orphaned GPU memory, verified and rate-limited.",
 		Version:     version.Info(),
+		// pprof is not served.
+		Profiling: "false",
 		Links: []web.LandingLinks{
+			{Address: "/actions", Text: "Actions", Description: "the page for people: who leaks most, the latest actions, the breaker (sign in with the webhook token, unless --web.ui.open)"},
 			{Address: "/metrics", Text: "Metrics"},
-			{Address: "/api/v1/actions", Text: "Actions (authenticated)"},
+			{Address: "/api/v1/actions", Text: "Actions, JSON (authenticated)"},
 			{Address: "/api/v1/status", Text: "Status (authenticated)"},
 			{Address: "/-/healthy", Text: "Health"},
 			{Address: "/-/ready", Text: "Readiness"},

@@ -251,15 +251,30 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 		return err
 	}
 	uiConfig := ui.Config{Store: st, Breaker: r.Breaker, Role: string(o.Role), Logger: logger}
+	if o.Role == RoleNode {
+		uiConfig.Act, uiConfig.Policy = o.Act, o.Decide.Policy
+		if uiConfig.Policy == "" {
+			uiConfig.Policy = remediate.PolicyDeadOwner
+		}
+	}
 	if o.UIOpen {
 		uiConfig.Hosts = webHosts(o)
 	}
+	// The pages: open under the Host check with --web.ui.open, else behind
+	// the API's authentication, where a browser signs in with the token
+	// through a form (POST /actions/login) and gets a session cookie.
 	page := ui.Handler(uiConfig)
 	if !o.UIOpen {
-		page = auth.Wrap(page)
+		page = auth.WrapPage(page, uiConfig.Denied)
+	}
+	login, err := auth.Login(o.ExternalURL, uiConfig.Denied)
+	if err != nil {
+		return fmt.Errorf("--web.external-url: %w", err)
 	}
 	root := http.NewServeMux()
 	root.Handle("GET /actions", page)
+	root.Handle("GET /actions/{id}", page)
+	root.Handle("POST /actions/login", login)
 	root.Handle("/", router)
 
 	// Running cleanups get the grace period plus the verification time to

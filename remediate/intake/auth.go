@@ -23,7 +23,9 @@ import (
 type Auth struct {
 	tokenSum [32]byte
 	hasToken bool
-	insecure bool
+	// sessionKey signs the pages' session cookies (session.go).
+	sessionKey []byte
+	insecure   bool
 
 	failRate  rate.Limit
 	failBurst int
@@ -95,11 +97,14 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 			return nil, err
 		}
 		a.tokenSum, a.hasToken = sha256.Sum256([]byte(tok)), true
+		a.sessionKey = sessionKey(a.tokenSum)
 	}
 	return a, nil
 }
 
-// Wrap admits authenticated requests to next.
+// Wrap admits authenticated requests to next. A GET or HEAD may also
+// bring the session cookie of the pages' sign-in form (session.go); a
+// request that changes state never can.
 //
 // A correct credential, a verified client certificate or the right bearer
 // token, is always admitted, whatever the source did before: many callers
@@ -114,7 +119,7 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 // budget bounds how fast a source can guess, not whether a guess can win.
 func (a *Auth) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.insecure || a.clientCertOK(r) || a.tokenOK(r) {
+		if a.admitted(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -131,6 +136,13 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="gpu-orphan-remediator"`)
 		httpError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 	})
+}
+
+// admitted reports whether r is authenticated: no authentication is
+// required, or it has a verified client certificate, the bearer token, or
+// (GET and HEAD only) a session cookie from the sign-in form.
+func (a *Auth) admitted(r *http.Request) bool {
+	return a.insecure || a.clientCertOK(r) || a.tokenOK(r) || a.sessionOK(r)
 }
 
 func (a *Auth) clientCertOK(r *http.Request) bool {

@@ -1,5 +1,6 @@
 // Package report turns the audit record into who leaves orphaned GPU
-// memory behind: per user, Slurm job, command or node, how many
+// memory behind: per user, Slurm job, command, node or source (what
+// triggered the cleanup), how many
 // orphaned-memory events, how many GiB·hours the memory was held with no
 // live owner before the cleanup, how much came back, and when it last
 // happened. `gpu-orphan report` prints it; a page can show the same rows.
@@ -24,10 +25,14 @@ const (
 	BySlurmJob By = "slurm_job"
 	ByComm     By = "comm"
 	ByNode     By = "node"
+	// BySource groups by what started the action (Action.Source): an
+	// alert (webhook), gpu-orphan clean (cli), Slurm's prolog or epilog,
+	// or a dispatcher's forwarding (dispatch).
+	BySource By = "source"
 )
 
 // Bys lists every grouping, the default first.
-var Bys = []By{ByUser, BySlurmJob, ByComm, ByNode}
+var Bys = []By{ByUser, BySlurmJob, ByComm, ByNode, BySource}
 
 // ParseBy checks a grouping's name.
 func ParseBy(s string) (By, error) {
@@ -141,11 +146,27 @@ type Share struct {
 }
 
 // Split divides an action among the keys of its dead owners, by the memory
-// NVML charged each (equally when it charged none). By node, the action is
-// its node's. An action without dead owners is Unknown's.
+// NVML charged each (equally when it charged none). By node or source, the
+// action is its node's or its source's. An epilog's action is its job's by
+// user and by Slurm job (JobOwns). Any other action without dead owners is
+// Unknown's.
 func Split(a remediate.Action, by By) []Share {
-	if by == ByNode {
+	switch by {
+	case ByNode:
 		return []Share{{a.Node, 1}}
+	case BySource:
+		if a.Source == "" {
+			return []Share{{Unknown, 1}}
+		}
+		return []Share{{a.Source, 1}}
+	case ByUser:
+		if j := JobOwns(a); j != nil {
+			return []Share{{j.UserLabel(), 1}}
+		}
+	case BySlurmJob:
+		if j := JobOwns(a); j != nil {
+			return []Share{{j.SlurmJob, 1}}
+		}
 	}
 	var total float64
 	for _, o := range a.DeadOwners {
@@ -170,7 +191,25 @@ func Split(a remediate.Action, by By) []Share {
 	return out
 }
 
-// Key is a dead owner's key under a grouping other than ByNode.
+// JobOwns returns the job that an action's memory is charged to instead of
+// its dead owners, or nil. That is the epilog's job only. The epilog
+// cleans its own job's leftovers: it signals nothing outside the job
+// (remediate/jobend), so whatever it freed was the job's, whichever dead
+// PIDs NVML listed on the GPU, and those often unknown (no remediator saw
+// them alive). The prolog is the other way round: its job has not started,
+// and what it cleans is someone else's orphan, left before. Its key is the
+// dead owners, as for an alert's cleanup (unknown without them, as for a
+// driver-level leak); charging the prolog's job would blame the job that
+// the orphan was in the way of.
+func JobOwns(a remediate.Action) *remediate.JobRef {
+	if a.Source == remediate.SourceEpilog && a.Job != nil && a.Job.SlurmJob != "" {
+		return a.Job
+	}
+	return nil
+}
+
+// Key is a dead owner's key under a grouping other than ByNode and
+// BySource.
 func Key(o remediate.DeadOwner, by By) string {
 	if !o.Known {
 		return Unknown

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -110,6 +111,106 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// hookAction is a prolog's or an epilog's action for the job (id, user),
+// with the dead owners NVML listed on the GPU.
+func hookAction(source string, job, user string, uid int, freed uint64, owners ...remediate.DeadOwner) remediate.Action {
+	a := action("node-a", remediate.StateSucceeded, time.Hour, freed, time.Hour, freed, owners...)
+	a.Source = source
+	a.Job = &remediate.JobRef{SlurmJob: job, UID: &uid, User: user}
+	return a
+}
+
+// TestSplitHookActions: an epilog's action is its job's, by Slurm job and
+// by user, whatever dead owners the GPU listed; a prolog's is the dead
+// owners' it cleaned up after, never its own job's.
+func TestSplitHookActions(t *testing.T) {
+	alice := owner(10, 3*gib, "alice", "81234", "python")
+	bob := owner(11, 1*gib, "bob", "81235", "torchrun")
+	unknown := remediate.DeadOwner{PID: 20, UsedBytes: gib}
+	noName := hookAction(remediate.SourceEpilog, "900", "", 1234, gib)
+	noName.Job.User = ""
+	noUID := hookAction(remediate.SourceEpilog, "901", "", 0, gib)
+	noUID.Job.UID, noUID.Job.User = nil, ""
+	for _, tc := range []struct {
+		name string
+		a    remediate.Action
+		by   By
+		want []Share
+	}{
+		// The epilog's targets are the job's live processes: no dead
+		// owner, or one the remediator never saw alive.
+		{"epilog, no dead owner, by job", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib), BySlurmJob, []Share{{"700", 1}}},
+		{"epilog, no dead owner, by user", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib), ByUser, []Share{{"carol", 1}}},
+		{"epilog, unknown dead owner, by job", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib, unknown), BySlurmJob, []Share{{"700", 1}}},
+		// Its own trainer, named by the remediator's lineage: the same.
+		{"epilog, its own dead trainer, by user", hookAction(remediate.SourceEpilog, "81234", "alice", 1010, gib, alice), ByUser, []Share{{"alice", 1}}},
+		// Another job's dead owner listed on the same GPU: the epilog
+		// signalled only its job's processes, so what came back is the job's.
+		{"epilog, another job's dead owner listed, by job", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib, bob), BySlurmJob, []Share{{"700", 1}}},
+		{"epilog, by comm: the dead owners'", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib, bob), ByComm, []Share{{"torchrun", 1}}},
+		{"epilog, user not named on the node", noName, ByUser, []Share{{"1234", 1}}},
+		{"epilog, no SLURM_JOB_UID", noUID, ByUser, []Share{{Unknown, 1}}},
+		// The prolog's job is the one the orphan was in the way of.
+		{"prolog, a previous job's orphan, by job", hookAction(remediate.SourceProlog, "800", "dave", 1004, 4*gib, alice, bob), BySlurmJob, []Share{{"81234", 0.75}, {"81235", 0.25}}},
+		{"prolog, a previous job's orphan, by user", hookAction(remediate.SourceProlog, "800", "dave", 1004, 4*gib, alice), ByUser, []Share{{"alice", 1}}},
+		{"prolog, a driver-level leak, by user", hookAction(remediate.SourceProlog, "800", "dave", 1004, 4*gib), ByUser, []Share{{Unknown, 1}}},
+		{"prolog, unknown dead owner, by job", hookAction(remediate.SourceProlog, "800", "dave", 1004, gib, unknown), BySlurmJob, []Share{{Unknown, 1}}},
+		// A job on an action of another source does not move it.
+		{"webhook with a job", hookAction(remediate.SourceWebhook, "800", "dave", 1004, gib, bob), ByUser, []Share{{"bob", 1}}},
+		{"by source", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib), BySource, []Share{{"epilog", 1}}},
+		{"by node", hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib), ByNode, []Share{{"node-a", 1}}},
+		{"by source, none recorded", action("node-a", remediate.StateSucceeded, 0, gib, time.Hour, gib), BySource, []Share{{Unknown, 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Split(tc.a, tc.by); !slices.Equal(got, tc.want) {
+				t.Errorf("Split by %s = %v, want %v", tc.by, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestBuildHooksBesideWebhook: a node's day with the prolog, the epilog,
+// an alert's cleanup and the CLI's: by source, each trigger's events; by
+// Slurm job, the epilog's job beside the dead owners' jobs.
+func TestBuildHooksBesideWebhook(t *testing.T) {
+	alice := owner(10, 2*gib, "alice", "81234", "python")
+	webhook := action("node-a", remediate.StateSucceeded, 0, 2*gib, time.Hour, 2*gib, alice)
+	webhook.Source = remediate.SourceWebhook
+	cli := action("node-a", remediate.StateSucceeded, 2*time.Hour, gib, time.Hour, gib)
+	cli.Source = remediate.SourceCLI
+	epilog := hookAction(remediate.SourceEpilog, "700", "carol", 1003, gib)
+	prolog := hookAction(remediate.SourceProlog, "800", "dave", 1004, 2*gib, alice)
+	// A prolog that found a leak it could not clean: failed, with the GPU's
+	// memory as evidence; the leak's owner is unknown.
+	leak := hookAction(remediate.SourceProlog, "801", "dave", 1004, 0)
+	leak.State, leak.Before.UnownedBytes = remediate.StateFailed, 40*gib
+	// A failure with no GPU named (the GPUs could not be read): no
+	// evidence, so not an orphaned-memory event.
+	unread := hookAction(remediate.SourceEpilog, "702", "carol", 1003, 0)
+	unread.State, unread.Before = remediate.StateFailed, nil
+	actions := []remediate.Action{webhook, cli, epilog, prolog, leak, unread}
+	for i := range actions {
+		actions[i].ID = fmt.Sprint("action-", i)
+	}
+
+	keys := func(r Report) map[string]int {
+		m := map[string]int{}
+		for _, row := range r.Rows {
+			m[row.Key] = row.Events
+		}
+		return m
+	}
+	if got, want := keys(Build(actions, BySource, t0, t0)), map[string]int{"webhook": 1, "cli": 1, "epilog": 1, "prolog": 2}; !maps.Equal(got, want) {
+		t.Errorf("by source: %v, want %v", got, want)
+	}
+	if got, want := keys(Build(actions, BySlurmJob, t0, t0)), map[string]int{"81234": 2, "700": 1, Unknown: 2}; !maps.Equal(got, want) {
+		t.Errorf("by slurm_job: %v, want %v", got, want)
+	}
+	if got, want := keys(Build(actions, ByUser, t0, t0)), map[string]int{"alice": 2, "carol": 1, Unknown: 2}; !maps.Equal(got, want) {
+		t.Errorf("by user: %v, want %v", got, want)
+	}
+}
+
 func TestSplitBytesAddsUp(t *testing.T) {
 	for _, n := range []uint64{0, 1, 7, 1<<30 + 1, 1<<64 - 1} {
 		for _, shares := range [][]Share{{{"a", 1}}, {{"a", 1.0 / 3}, {"b", 1.0 / 3}, {"c", 1.0 / 3}}, {{"a", 0.75}, {"b", 0.25}}} {
@@ -125,12 +226,12 @@ func TestSplitBytesAddsUp(t *testing.T) {
 }
 
 func TestParseBy(t *testing.T) {
-	for _, s := range []string{"user", "slurm_job", "comm", "node"} {
+	for _, s := range []string{"user", "slurm_job", "comm", "node", "source"} {
 		if b, err := ParseBy(s); err != nil || string(b) != s {
 			t.Errorf("ParseBy(%q) = %q, %v", s, b, err)
 		}
 	}
-	if _, err := ParseBy("job"); err == nil || err.Error() != `cannot group by "job": want one of user, slurm_job, comm, node` {
+	if _, err := ParseBy("job"); err == nil || err.Error() != `cannot group by "job": want one of user, slurm_job, comm, node, source` {
 		t.Errorf("ParseBy(job): %v", err)
 	}
 }

@@ -22,7 +22,7 @@ const ReasonInterrupted = "remediator restarted mid-action"
 var actionColumnList = []string{"id", "node", "gpu_uuid", "gpu_index", "policy", "state", "reason", "dry_run",
 	"alert_fingerprint", "alert_starts_at", "source", "freed_bytes", "started_at", "finished_at", "verify_seconds",
 	"before_json", "after_json", "targets_json", "excluded_json", "leftover_json", "next_step",
-	"dead_owners_json", "agent_json", "attempt", "first_action_id", "retry_of", "escalation"}
+	"dead_owners_json", "agent_json", "attempt", "first_action_id", "retry_of", "escalation", "job_json"}
 
 var (
 	actionColumns   = strings.Join(actionColumnList, ", ")
@@ -63,7 +63,11 @@ func actionValues(a remediate.Action) ([]any, error) {
 		}
 		vals = append(vals, j)
 	}
-	return append(vals, max(a.Attempt, 1), a.FirstActionID, a.RetryOf, a.Escalation), nil
+	job, err := toJSON(a.Job)
+	if err != nil {
+		return nil, fmt.Errorf("action %s: %w", a.ID, err)
+	}
+	return append(vals, max(a.Attempt, 1), a.FirstActionID, a.RetryOf, a.Escalation, job), nil
 }
 
 // writeOwners replaces the action_owners rows of an action with its dead
@@ -105,12 +109,12 @@ func scanAction(r rowScanner) (remediate.Action, error) {
 		finished                                    sql.NullString
 		freed                                       int64
 		before, after, targets, excluded, leftovers string
-		deadOwners, agent                           string
+		deadOwners, agent, job                      string
 	)
 	if err := r.Scan(&a.ID, &a.Node, &a.GPUUUID, &a.GPUIndex, &a.Policy, &a.State, &a.Reason, &a.DryRun,
 		&a.AlertFingerprint, &alertStarts, &a.Source, &freed, &started, &finished, &a.VerifySeconds,
 		&before, &after, &targets, &excluded, &leftovers, &a.NextStep, &deadOwners, &agent,
-		&a.Attempt, &a.FirstActionID, &a.RetryOf, &a.Escalation); err != nil {
+		&a.Attempt, &a.FirstActionID, &a.RetryOf, &a.Escalation, &job); err != nil {
 		return a, err
 	}
 	a.FreedBytes = uint64(freed)
@@ -132,7 +136,7 @@ func scanAction(r rowScanner) (remediate.Action, error) {
 		text string
 		dst  any
 	}{{before, &a.Before}, {after, &a.After}, {targets, &a.Targets}, {excluded, &a.Excluded}, {leftovers, &a.Leftover},
-		{deadOwners, &a.DeadOwners}, {agent, &a.Agent}} {
+		{deadOwners, &a.DeadOwners}, {agent, &a.Agent}, {job, &a.Job}} {
 		if err := fromJSON(c.text, c.dst); err != nil {
 			return a, fmt.Errorf("action %s: %w", a.ID, err)
 		}

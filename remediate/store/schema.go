@@ -153,6 +153,15 @@ ALTER TABLE actions ADD COLUMN retry_of TEXT NOT NULL DEFAULT '';
 ALTER TABLE actions ADD COLUMN escalation TEXT NOT NULL DEFAULT '';
 CREATE INDEX actions_alert ON actions(alert_fingerprint, alert_starts_at, attempt);
 `,
+	// 5: the Slurm job of a prolog's or an epilog's action (issue 17):
+	// job_json is Action.Job; rows of earlier versions read as none.
+	// actions_source_state serves the count of recorded actions by source
+	// and state that the node agent exposes at every scrape
+	// (gpu_orphan_remediator_recorded_actions_total) from the index alone.
+	`
+ALTER TABLE actions ADD COLUMN job_json TEXT NOT NULL DEFAULT 'null';
+CREATE INDEX actions_source_state ON actions(source, state);
+`,
 }
 
 // SchemaVersion is the schema version this package writes.

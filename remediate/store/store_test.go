@@ -93,6 +93,7 @@ func fullAction() remediate.Action {
 		},
 		Agent:   &remediate.AgentResult{URL: "https://node-b:10836", ActionID: "0123", State: remediate.StateSucceeded, Reason: "done", FinishedAt: &fin},
 		Attempt: 2, FirstActionID: "0000000000000001aaaaaaaa", RetryOf: "0000000000000001aaaaaaaa", Escalation: remediate.EscalationHiddenHolder,
+		Job: &remediate.JobRef{SlurmJob: "81240", UID: &uid1001, User: "alice"},
 	}
 }
 
