@@ -208,7 +208,10 @@ type Action struct {
 	Before           *Evidence  `json:"before"`
 	After            *Evidence  `json:"after"`
 	Targets          []Target   `json:"targets"`
-	Leftover         []struct {
+	// DeadOwners are the dead PIDs NVML charged the memory to, named as
+	// the remediator saw them alive; set once the action planned.
+	DeadOwners []DeadOwner `json:"dead_owners"`
+	Leftover   []struct {
 		PID    int    `json:"pid"`
 		Kind   Text   `json:"kind"`
 		Detail string `json:"detail"`
@@ -234,6 +237,35 @@ type Evidence struct {
 	UnownedAgeSeconds float64   `json:"unowned_age_seconds"`
 	DeadOwnerPIDs     []uint32  `json:"dead_owner_pids"`
 	HolderPIDs        []int     `json:"holder_pids"`
+}
+
+// DeadOwner is a dead PID that NVML still charged memory to when the
+// action planned, and who it was: Known when the remediator saw it alive.
+type DeadOwner struct {
+	PID       int    `json:"pid"`
+	UsedBytes uint64 `json:"used_bytes"`
+	Known     bool   `json:"known"`
+	Comm      string `json:"comm"`
+	User      string `json:"user"`
+	SlurmJob  string `json:"slurm_job"`
+	PodUID    string `json:"pod_uid"`
+}
+
+// Who says in one line who the dead owner was, as the remediator's
+// /actions page and `gpu-orphan report` do: "PID 463: python3, user
+// alice", or "PID 463: unknown".
+func (o DeadOwner) Who() string {
+	if !o.Known {
+		return fmt.Sprintf("PID %d: unknown", o.PID)
+	}
+	s := fmt.Sprintf("PID %d: %s, user %s", o.PID, o.Comm, o.User)
+	if o.SlurmJob != "" {
+		s += ", Slurm job " + o.SlurmJob
+	}
+	if o.PodUID != "" {
+		s += ", pod " + o.PodUID
+	}
+	return s
 }
 
 // Target is a process the action signals.

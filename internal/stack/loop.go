@@ -207,6 +207,12 @@ func (s *Stack) firstOrphan(ctx context.Context, min uint64) (int, error) {
 
 func (l *Loop) workload(ctx context.Context) error {
 	c := l.cfg
+	// The remediator's recorded descendants before the job: the job's
+	// children add to them once the remediator has seen the job alive.
+	base, err := l.s.recordedDescendants(ctx)
+	if err != nil {
+		return err
+	}
 	w, err := l.s.StartWorkload(ctx, c.GPU, c.MiB, c.Children)
 	if err != nil {
 		return err
@@ -219,14 +225,43 @@ func (l *Loop) workload(ctx context.Context) error {
 	// The exporter must have seen the owner alive first: what it reports
 	// after the SIGKILL is then the orphan, not a start-up blur.
 	mib := float64(uint64(c.MiB) << 20)
-	return l.s.poll(ctx, 10*time.Second, "the exporter to see the live workload", func() (bool, string) {
+	if err := l.s.poll(ctx, 10*time.Second, "the exporter to see the live workload", func() (bool, string) {
 		a, err := l.s.Account(ctx, c.GPU)
 		if err != nil {
 			return false, err.Error()
 		}
 		l.Live = a
 		return a.Used >= mib && a.OwnedLive >= mib, fmt.Sprintf("used %.0f, owned by live %.0f", a.Used, a.OwnedLive)
+	}); err != nil {
+		return err
+	}
+	// So must the remediator, whose own snapshots remember who the owner
+	// was (user, command, Slurm job) and record its children's descent:
+	// killed before its next snapshot, the owner would be "unknown" in
+	// the action and the report, and its children unproven heirs.
+	return l.s.poll(ctx, 10*time.Second, "the remediator to see the live workload", func() (bool, string) {
+		n, err := l.s.recordedDescendants(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		base = min(base, n) // descent of owners long gone is forgotten meanwhile
+		return n >= base+len(w.Children), fmt.Sprintf("recorded descendants %d, %d before the workload", n, base)
 	})
+}
+
+// recordedDescendants is the remediator's
+// gpu_orphan_remediator_recorded_descendants: the processes it saw
+// descending from a live owner while holding its GPU.
+func (s *Stack) recordedDescendants(ctx context.Context) (int, error) {
+	mfs, err := Scrape(ctx, s.URLs.Remediator+"/metrics")
+	if err != nil {
+		return 0, err
+	}
+	v, ok := Value(mfs, "gpu_orphan_remediator_recorded_descendants", nil)
+	if !ok {
+		return 0, errors.New("the remediator has no gpu_orphan_remediator_recorded_descendants")
+	}
+	return int(v), nil
 }
 
 func (l *Loop) kill() error {
@@ -444,6 +479,9 @@ func (l *Loop) act(ctx context.Context) error {
 		if !planned && len(a.Targets) > 0 {
 			planned = true
 			var more []string
+			for _, o := range a.DeadOwners {
+				more = append(more, "left by "+o.Who())
+			}
 			for _, t := range a.Targets {
 				group := ""
 				if t.WholeGroup {

@@ -120,6 +120,10 @@ func TestLoop(t *testing.T) {
 	if !slices.Equal(sorted(targets), sorted(w.Children)) {
 		t.Errorf("targets %v, want the children %v", targets, w.Children)
 	}
+	if me := currentUser(t); len(act.DeadOwners) != 1 || act.DeadOwners[0].PID != w.PID || !act.DeadOwners[0].Known ||
+		act.DeadOwners[0].User != me || act.DeadOwners[0].Comm != "gpu-orphan-sim" {
+		t.Errorf("dead owners %+v, want the parent %d, known, of user %s", act.DeadOwners, w.PID, me)
+	}
 	if act.FreedBytes < uint64(orphanMiB)<<20 {
 		t.Errorf("freed %d bytes, want >= %d MiB", act.FreedBytes, orphanMiB)
 	}

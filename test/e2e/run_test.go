@@ -5,8 +5,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -98,6 +100,42 @@ func TestRunOnce(t *testing.T) {
 		t.Errorf("the narration warns")
 	}
 	checkNothingLeft(t, text, runDir)
+
+	// Who left it: the remediator saw the job's parent alive, so its
+	// action names the dead owner with its user, and so does the report
+	// read from its store.
+	me := currentUser(t)
+	if !regexp.MustCompile(`left by PID [0-9]+: gpu-orphan-sim, user ` + regexp.QuoteMeta(me) + `\n`).MatchString(text) {
+		t.Errorf("the plan does not say that the job's parent, of user %s, left the memory", me)
+	}
+	report := exec.Command(bin(t, "gpu-orphan"), "report", "--store.path="+filepath.Join(runDir, "remediator.db"), "--by=user", "-o", "json")
+	b, err := report.Output()
+	if err != nil {
+		t.Fatalf("gpu-orphan report: %v", err)
+	}
+	var r struct {
+		Rows []struct {
+			Key    string `json:"key"`
+			Events int    `json:"events"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("gpu-orphan report: %v\n%s", err, b)
+	}
+	if len(r.Rows) != 1 || r.Rows[0].Key != me || r.Rows[0].Events != 1 {
+		t.Errorf("gpu-orphan report --by user: %s; want one event of user %s", b, me)
+	}
+}
+
+// currentUser is the name of the user the test runs as, who owns the
+// simulated jobs it starts.
+func currentUser(t *testing.T) string {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Username
 }
 
 // TestRunInterrupt: Ctrl+C while the orphan's children still hold its
