@@ -44,7 +44,10 @@ const (
 // chartValues are the values the checks compare the rendered objects
 // with, read from the coalesced values (defaults and the value set).
 type chartValues struct {
-	Act   bool `json:"act"`
+	Act bool `json:"act"`
+	UI  struct {
+		Open bool `json:"open"`
+	} `json:"ui"`
 	Ports struct {
 		Exporter   int32 `json:"exporter"`
 		Remediator int32 `json:"remediator"`
@@ -126,6 +129,8 @@ type chartRender struct {
 	values             chartValues
 	// templates maps each template that rendered something to its text.
 	templates map[string]string
+	// notes is NOTES.txt, what helm prints after an install.
+	notes string
 }
 
 // renderChart renders the chart as `helm template` does, with the values
@@ -157,6 +162,9 @@ func renderChart(t *testing.T, valuesFile, release, namespace string) *chartRend
 	}
 	r := &chartRender{release: release, namespace: namespace, templates: map[string]string{}}
 	for name, text := range out {
+		if strings.HasSuffix(name, "NOTES.txt") {
+			r.notes = text
+		}
 		if strings.HasSuffix(name, "NOTES.txt") || strings.HasPrefix(filepath.Base(name), "_") || strings.TrimSpace(text) == "" {
 			continue
 		}
@@ -463,6 +471,12 @@ func checkChartWorkloads(t *testing.T, r *chartRender, objs []k8sObject) {
 		for _, c := range w.template.Spec.Containers {
 			if c.Name != "remediator" && slices.Contains(c.Args, "--act") {
 				t.Errorf("%s/%s: --act", w.name, c.Name)
+			}
+			// --web.ui.open exactly when ui.open is true, on the node
+			// remediators and the dispatcher, which serve /actions.
+			serves := c.Name == "remediator" || c.Name == "dispatcher"
+			if got := slices.Contains(c.Args, "--web.ui.open"); got != (serves && v.UI.Open) {
+				t.Errorf("%s/%s: --web.ui.open is %v, ui.open is %v", w.name, c.Name, got, v.UI.Open)
 			}
 		}
 	}
@@ -1083,6 +1097,35 @@ func checkDispatcherURL(t *testing.T, objs []k8sObject, u *url.URL) {
 }
 
 // Values the chart must refuse.
+// TestHelmNotesActionsPage: what helm prints after an install says how a
+// browser opens /actions: the port-forward, and the sign-in form with the
+// webhook token, or ui.open.
+func TestHelmNotesActionsPage(t *testing.T) {
+	for _, c := range helmCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			r := renderChart(t, c.file, c.release, c.namespace)
+			var dispatcher string
+			for _, o := range r.objects(t) {
+				if o.kind == "Deployment" {
+					dispatcher = o.obj.GetName()
+				}
+			}
+			port := strconv.Itoa(int(r.values.Ports.Remediator))
+			want := []string{"port-forward svc/" + dispatcher + " " + port, "http://localhost:" + port + "/actions"}
+			if r.values.UI.Open {
+				want = append(want, "without authentication (ui.open=true)")
+			} else {
+				want = append(want, "sign-in form", "--set ui.open=true")
+			}
+			for _, w := range want {
+				if !strings.Contains(r.notes, w) {
+					t.Errorf("NOTES.txt does not say %q:\n%s", w, r.notes)
+				}
+			}
+		})
+	}
+}
+
 func TestHelmRejects(t *testing.T) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
