@@ -207,6 +207,13 @@ func Run(ctx context.Context, o Options) error {
 	// its next notification once the GPU's cooldown has passed; the
 	// cooldown is measured from the record, so it holds across restarts.
 	st.SetRetry(store.RetryPolicy{MaxAttempts: store.DefaultMaxAttempts, Cooldown: o.Limits.Cooldown})
+	// The store's actions by source, the prolog's, the epilog's and the
+	// CLI's included: those short-lived processes have no /metrics.
+	recorded := []string{remediate.SourceWebhook, remediate.SourceCLI, remediate.SourceProlog, remediate.SourceEpilog}
+	if o.Role == RoleDispatcher {
+		recorded = []string{remediate.SourceDispatch}
+	}
+	reg.MustRegister(remediate.NewRecordedCollector(st, recorded, logger))
 	r, err := wire(st)
 	if err != nil {
 		return err
