@@ -148,6 +148,7 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 		mode = "dry run (ACT=0)"
 	}
 	n.Info("remediator    " + s.URLs.Remediator + "/   " + mode)
+	n.Info("actions page  " + s.URLs.Remediator + "/actions   (who leaked, what was killed and why; open without the token: the demo listens on 127.0.0.1)")
 	// Debian's Prometheus serves only its classic UI, and Debian's
 	// Alertmanager none at all.
 	ui := ""

@@ -277,7 +277,9 @@ func (s *Stack) start(ctx context.Context) error {
 		{"gpu-orphan-remediator", "remediator.log", s.bin("gpu-orphan-remediator"), concat([]string{"--role=node"}, act,
 			[]string{"--node.name=" + cfg.NodeName}, source, []string{
 				"--auth.token-file=" + s.TokenFile, "--store.path=" + filepath.Join(dir, "remediator.db"),
-				"--web.listen-address=" + rem, "--collector.interval=" + collectorInterval,
+				// /actions opens in a browser without the token: the stack
+				// listens on 127.0.0.1 only.
+				"--web.ui.open", "--web.listen-address=" + rem, "--collector.interval=" + collectorInterval,
 				"--remediate.min-age=" + minAge, "--remediate.grace=" + grace, "--remediate.verify-timeout=" + verifyTimeout,
 			}, logLevel),
 			s.URLs.Remediator + "/-/ready"},
