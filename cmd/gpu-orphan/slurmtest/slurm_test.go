@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -142,6 +143,16 @@ func TestSlurmEpilogCleansOrphan(t *testing.T) {
 	if a.Source != "epilog" || a.State != remediate.StateSucceeded || !slices.Equal(targets, slices.Sorted(slices.Values(workers))) ||
 		a.FreedBytes != 1032<<20 || a.After == nil {
 		t.Fatalf("action: source %s, state %s, targets %v (want %v), freed %d", a.Source, a.State, targets, workers, a.FreedBytes)
+	}
+	// The record names the job and its user as slurmd gave them
+	// (SLURM_JOB_ID, SLURM_JOB_UID: the tests submit as root), and
+	// gpu-orphan report counts the cleanup for that job.
+	if j := a.Job; j == nil || j.SlurmJob != job || j.UID == nil || *j.UID != 0 || j.User != "root" {
+		t.Errorf("the action's job %+v, want job %s of root (UID 0)", j, job)
+	}
+	out, err := exec.Command(c.cli, "report", "--store.path="+c.db, "--by=slurm_job", "-o", "csv").CombinedOutput()
+	if err != nil || !slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool { return strings.HasPrefix(l, job+",1,") }) {
+		t.Errorf("gpu-orphan report --by slurm_job (%v) does not show job %s with its event:\n%s", err, job, out)
 	}
 	t.Logf("epilog of job %s: from its start to the memory back %.3f s (first signal to memory back %.3f s); its line: %s",
 		job, a.After.At.Sub(a.StartedAt).Seconds(), a.VerifySeconds, line)
