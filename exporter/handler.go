@@ -59,6 +59,8 @@ func NewHandler(g prometheus.Gatherer, telemetryPath string, logger *slog.Logger
 			Name:        "GPU Orphan Exporter",
 			Description: "GPU memory that no live process owns, and the processes that hold it.",
 			Version:     version.Info(),
+			// pprof is not served.
+			Profiling: "false",
 			Links: []web.LandingLinks{
 				{Address: telemetryPath, Text: "Metrics"},
 				{Address: "/-/healthy", Text: "Health"},
