@@ -65,23 +65,23 @@ func run() int {
 	app := kingpin.New("gpu-orphan-demo", help)
 	app.Version(version.Print("gpu-orphan-demo"))
 	app.HelpFlag.Short('h')
-	app.Flag("backend", "sim (a simulated node) or nvml (the real driver).").Envar("BACKEND").Default(stack.BackendSim).
-		EnumVar(&o.backend, stack.BackendSim, stack.BackendNVML)
+	cli.EnumVar(app.Flag("backend", "sim (a simulated node) or nvml (the real driver).").Envar("BACKEND").Default(stack.BackendSim),
+		&o.backend, stack.BackendSim, stack.BackendNVML)
 	app.Flag("run.dir", "Configurations, token, data and logs.").Envar("RUN_DIR").Default(".run").StringVar(&o.dir)
 	app.Flag("run.once", "Exit 0 once the memory is back; 1 if it is not back within --run.timeout.").Envar("RUN_ONCE").BoolVar(&o.once)
 	app.Flag("run.timeout", "How long the loop may take, in seconds or as a duration (on a GPU node, only with --run.once).").
 		Envar("RUN_TIMEOUT").Default("120").SetValue(&o.timeout)
 	app.Flag("act", "Let the remediator act; --no-act (ACT=0) makes it a dry run.").Envar("ACT").Default("true").BoolVar(&o.act)
 	app.Flag("node.name", "The node label and the remediator's --node.name.").Envar("NODE_NAME").Default(hostname()).StringVar(&o.node)
-	app.Flag("sim.gpu", "The simulated job's GPU.").Envar("SIM_GPU").Default("1").IntVar(&o.gpu)
-	app.Flag("sim.mib", "The simulated job's memory, in MiB.").Envar("SIM_MIB").Default("4096").IntVar(&o.mib)
-	app.Flag("sim.children", "The simulated job's forked children.").Default("2").IntVar(&o.children)
+	cli.IntVar(app.Flag("sim.gpu", "The simulated job's GPU.").Envar("SIM_GPU").Default("1"), &o.gpu)
+	cli.IntVar(app.Flag("sim.mib", "The simulated job's memory, in MiB.").Envar("SIM_MIB").Default("4096"), &o.mib)
+	cli.IntVar(app.Flag("sim.children", "The simulated job's forked children.").Default("2"), &o.children)
 	app.Flag("bin.dir", "Where gpu-orphan-exporter, -remediator and -sim are; default: beside this binary.").Envar("BIN_DIR").StringVar(&o.binDir)
 	app.Flag("rules.file", "The alert rules Prometheus evaluates (a shortened copy).").Default("alerts/gpu-orphan.rules.yml").StringVar(&o.rules)
-	app.Flag("exporter.port", "The exporter's port; 0: 10835. A port that is set is used or fails.").Envar("EXPORTER_PORT").IntVar(&o.expPort)
-	app.Flag("remediator.port", "The remediator's port; 0: 10836.").Envar("REMEDIATOR_PORT").IntVar(&o.remPort)
-	app.Flag("prometheus.port", "Prometheus's port; 0: 9090, or 19090 if busy.").Envar("PROMETHEUS_PORT").IntVar(&o.promPort)
-	app.Flag("alertmanager.port", "Alertmanager's port; 0: 9093, or 19093 if busy.").Envar("ALERTMANAGER_PORT").IntVar(&o.amPort)
+	cli.IntVar(app.Flag("exporter.port", "The exporter's port; 0: 10835. A port that is set is used or fails.").Envar("EXPORTER_PORT"), &o.expPort)
+	cli.IntVar(app.Flag("remediator.port", "The remediator's port; 0: 10836.").Envar("REMEDIATOR_PORT"), &o.remPort)
+	cli.IntVar(app.Flag("prometheus.port", "Prometheus's port; 0: 9090, or 19090 if busy.").Envar("PROMETHEUS_PORT"), &o.promPort)
+	cli.IntVar(app.Flag("alertmanager.port", "Alertmanager's port; 0: 9093, or 19093 if busy.").Envar("ALERTMANAGER_PORT"), &o.amPort)
 	app.Flag("daemons.log-level", "The daemons' --log.level; empty: their default.").StringVar(&o.daemonLogLevel)
 	if _, err := app.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-demo: %s\n", cli.ParseError(app, err))
@@ -289,7 +289,7 @@ func (s *seconds) Set(v string) error {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return fmt.Errorf("want seconds or a duration, not %q", v)
+		return fmt.Errorf("invalid --run.timeout %q: want seconds (120) or a duration (2m)", v)
 	}
 	*s = seconds(d)
 	return nil

@@ -64,9 +64,12 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := dispatcher.Run(ctx, o, esc); err != nil {
+	err := dispatcher.Run(ctx, o, esc)
+	if err != nil {
 		o.Logger.Error("Dispatcher failed", "err", err)
-		return 1
+		// The log line is for log pipelines; the person who started it
+		// reads a plain last line.
+		fmt.Fprintf(os.Stderr, "gpu-orphan-dispatcher: %v\n", err)
 	}
-	return 0
+	return cli.ExitCode(err)
 }

@@ -54,11 +54,11 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %s\n", cli.ParseError(app, err))
 		return 2
 	}
-	logger := promslog.New(logConfig)
 	if *interval <= 0 {
-		logger.Error("--collector.interval must be positive", "value", *interval)
-		return 2
+		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: invalid --collector.interval %s: want a positive duration, such as 5s\n", *interval)
+		return cli.ExitUsage
 	}
+	logger := promslog.New(logConfig)
 
 	var extra []prometheus.Collector
 	if *slurmDrain {
@@ -81,7 +81,10 @@ func run() int {
 	node, err := backend.Open(logger)
 	if err != nil {
 		logger.Error("Cannot start", "err", err)
-		return 1
+		// The log line is for log pipelines; the person who started it
+		// reads a plain last line.
+		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %v\n", err)
+		return cli.ExitFailure
 	}
 	defer node.Driver.Close()
 	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", node.Driver.Name(), "interval", *interval)
@@ -113,7 +116,8 @@ func run() int {
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("Serving failed", "err", err)
-			return 1
+			fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %v\n", err)
+			return cli.ExitFailure
 		}
 	case <-ctx.Done():
 		logger.Info("Shutting down")

@@ -61,12 +61,12 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.Run(ctx, o); err != nil {
+	err := app.Run(ctx, o)
+	if err != nil {
 		o.Logger.Error("Remediator failed", "err", err)
 		// The log line is for log pipelines; the person who started it
 		// reads a plain last line.
 		fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: %v\n", err)
-		return 1
 	}
-	return 0
+	return cli.ExitCode(err)
 }

@@ -144,6 +144,10 @@ func run() int {
 	statusCmd := app.Command("status", "Print each GPU's memory and live contexts, and whether their creators still exist.")
 	statusRoot := statusCmd.Flag("root", "Directory of the node.").PlaceHolder("DIR").Required().String()
 
+	if msg := cli.NoCommand(app, os.Args[1:]); msg != "" {
+		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: %s\n", msg)
+		return cli.ExitUsage
+	}
 	cmd, err := app.Parse(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-sim: %s\n", cli.ParseError(app, err))

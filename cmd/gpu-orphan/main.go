@@ -63,6 +63,10 @@ func run(args []string) int {
 	var epilogOpts hookOptions
 	addHookFlags(epilog, &epilogOpts, "epilog", "60s", "5s")
 
+	if msg := cli.NoCommand(app, args); msg != "" {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %s\n", msg)
+		return cli.ExitUsage
+	}
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %s\n", cli.ParseError(app, err))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/common/model"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/remediate/report"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
@@ -29,38 +30,32 @@ type reportOptions struct {
 	timeout           time.Duration
 }
 
-// errUsage marks a mistake in the command line: exit status 2.
-var errUsage = errors.New("usage")
-
 // runReport prints who left orphaned GPU memory, from a remediator's audit
 // store or its API (a dispatcher's covers the fleet).
 func runReport(o reportOptions) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := report1(ctx, o); err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
+	err := report1(ctx, o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
 	}
-	return 0
+	return cli.ExitCode(err)
 }
 
 func report1(ctx context.Context, o reportOptions) error {
 	since, err := model.ParseDuration(o.since)
 	if err != nil || since <= 0 {
-		return fmt.Errorf("%w: invalid --since %q: want a duration such as 7d, 12h or 2w", errUsage, o.since)
+		return cli.Usagef("invalid --since %q: want a duration such as 7d, 12h or 2w", o.since)
 	}
 	by, err := report.ParseBy(o.by)
 	if err != nil {
-		return fmt.Errorf("%w: invalid --by: %w", errUsage, err)
+		return cli.Usagef("invalid --by: %w", err)
 	}
 	if o.url != "" && o.storeSet {
-		return fmt.Errorf("%w: give --store.path or --url, not both", errUsage)
+		return cli.Usagef("give --store.path or --url, not both")
 	}
 	if o.tokenFile != "" && o.url == "" {
-		return fmt.Errorf("%w: --auth.token-file is for --url", errUsage)
+		return cli.Usagef("--auth.token-file is for --url")
 	}
 	var src report.Source
 	if o.url != "" {
@@ -74,7 +69,7 @@ func report1(ctx context.Context, o reportOptions) error {
 		}
 		api, err := report.NewAPISource(o.url, token, &http.Client{Timeout: o.timeout})
 		if err != nil {
-			return fmt.Errorf("%w: --url: %w", errUsage, err)
+			return cli.Usagef("--url: %w", err)
 		}
 		src = api
 	} else {

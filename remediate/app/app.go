@@ -149,7 +149,7 @@ func Run(ctx context.Context, o Options) error {
 		webConfigFile = *o.Web.WebConfigFile
 	}
 	if o.Auth.TokenFile == "" && webConfigFile == "" && !o.Auth.InsecureNone {
-		return errors.New("authentication is required: give --auth.token-file (and/or client certificates through --web.config.file), or --auth.insecure-none for a local experiment")
+		return cli.Usagef("authentication is required: give --auth.token-file (and/or client certificates through --web.config.file), or --auth.insecure-none for a local experiment")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(versioncollector.NewCollector("gpu_orphan_remediator"), collectors.NewGoCollector(),
@@ -183,7 +183,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		wire, release, err = o.Dispatcher(ctx, o, metrics, reg, logger)
 	default:
-		err = fmt.Errorf("unknown role %q: want %s or %s", o.Role, RoleNode, RoleDispatcher)
+		err = cli.Usagef("unknown role %q: want %s or %s", o.Role, RoleNode, RoleDispatcher)
 	}
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/app"
 	"github.com/gpu-orphan/gpu-orphan/remediate/discovery"
@@ -49,6 +50,12 @@ func Run(ctx context.Context, o app.Options, e Escalate) error {
 // role reads the dispatcher's routes and token, lists its discovered
 // agents, and returns what wires the dispatcher to the store.
 func role(ctx context.Context, o app.Options, e Escalate, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (app.Wiring, error), func(), error) {
+	if o.Dispatch.TargetsFile == "" && o.Dispatch.Kubernetes.Service == "" {
+		// dispatch.New refuses it too; here it is a mistake in the
+		// command line.
+		return nil, nil, cli.Usagef("the dispatcher needs an allow-list of its agents: --dispatch.targets-file (node to URL; " +
+			"--dispatch.url-template fills only the nodes it names with an empty URL), Kubernetes discovery (--dispatch.kubernetes.service), or both")
+	}
 	token := ""
 	if o.Dispatch.TokenFile != "" {
 		b, err := os.ReadFile(o.Dispatch.TokenFile)
