@@ -14,12 +14,13 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 	"github.com/gpu-orphan/gpu-orphan/remediate/report"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
 // defaultStorePath is the remediator's --store.path default.
-const defaultStorePath = "/var/lib/gpu-orphan/remediator.db"
+const defaultStorePath = remediateflag.DefaultStorePath
 
 // reportOptions are `gpu-orphan report`'s flags.
 type reportOptions struct {

@@ -22,8 +22,14 @@ type Server struct {
 	o           *app.Options
 	maxBody     uint64
 	externalURL string
+	storeSet    bool
 	log         *promslog.Config
 }
+
+// DefaultStorePath is --store.path when it is not given, whoever runs the
+// binary: the remediator's, which `gpu-orphan report`, `prolog` and
+// `epilog` read by default too.
+const DefaultStorePath = "/var/lib/gpu-orphan/remediator.db"
 
 // AddServerFlags registers the flags that both serving binaries share,
 // into o, but for the listen address and the web config (o.Web), whose
@@ -36,7 +42,10 @@ func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 	cli.BytesVar(a.Flag("web.max-body-bytes", "Largest webhook body accepted; larger ones get 413. Bytes, or a size with a unit: 1MiB.").Default("1MiB"), &s.maxBody)
 	a.Flag("alert.node-label", "The alert label that names the node.").Default("node").StringVar(&o.NodeLabel)
 	a.Flag("alert.uuid-label", "The alert label that names the GPU by UUID.").Default("uuid").StringVar(&o.UUIDLabel)
-	a.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged.").Default("/var/lib/gpu-orphan/remediator.db").StringVar(&o.StorePath)
+	a.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged. "+
+		"Not given, it is "+DefaultStorePath+", for root and for any other user alike (its directory is created, 0700; "+
+		"a user who may not create it must give --store.path), and the start-up log says so.").
+		Default(DefaultStorePath).IsSetByUser(&s.storeSet).StringVar(&o.StorePath)
 	a.Flag("web.external-url", "The URL under which browsers reach the remediator, when it is not the listen address (a proxy, a DNS name), e.g. https://gpu-17.example.com:10836. State-changing requests (the webhook, the breaker reset) from a browser page are accepted from this origin and the request's own only; with --web.ui.open, /actions is served under this name, the listen address's, IP addresses and localhost only (a defence against DNS rebinding).").StringVar(&s.externalURL)
 	a.Flag("web.ui.open", "Serve the /actions page (who leaks most, the latest actions, the breaker) without authentication, for a trusted network. Without it the page needs the API's bearer token or client certificate.").BoolVar(&o.UIOpen)
 	def := limits.DefaultConfig()
@@ -48,8 +57,8 @@ func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 }
 
 // Finish sets the options that need more than a flag's value: the body
-// limit, the external URL (checked) and the logger. Its error is a usage
-// error.
+// limit, the external URL (checked) and the logger, and logs the audit
+// database's path when it is the default. Its error is a usage error.
 func (s *Server) Finish() error {
 	s.o.MaxBodyBytes = int64(min(s.maxBody, math.MaxInt64))
 	if s.externalURL != "" {
@@ -60,5 +69,10 @@ func (s *Server) Finish() error {
 		s.o.ExternalURL = u
 	}
 	s.o.Logger = promslog.New(s.log)
+	if !s.storeSet {
+		// Not silently: a database under /var/lib is a surprise to whoever
+		// tried the binary by hand as root.
+		s.o.Logger.Info("No --store.path given: the audit database is the default", "store", s.o.StorePath)
+	}
 	return nil
 }
