@@ -83,9 +83,15 @@ release:
 # the Kubernetes API types, Prometheus's PromQL -- the binaries do not link).
 MODULES   := . test
 
+# The integration tests (remediate/, exporter/, cmd/...) start real daemons
+# and wait on them (grace periods, min-ages, verification): most of their
+# time is waiting, not CPU. Those that share nothing run in parallel, up to
+# PARALLEL at once in a package (Go's default is the number of cores, 2 on
+# CI): remediate/ takes 98 s instead of 378 s on 2 cores, using no more CPU.
+PARALLEL  ?= 8
 unit: $(TOOLS_DEP)
-	$(WITH_TOOLS) $(GO) test $(RACE) -count=1 -timeout 15m ./...
-	cd test && $(WITH_TOOLS) $(GO) test $(RACE) -count=1 -timeout 15m ./...
+	$(WITH_TOOLS) $(GO) test $(RACE) -count=1 -parallel $(PARALLEL) -timeout 15m ./...
+	cd test && $(WITH_TOOLS) $(GO) test $(RACE) -count=1 -parallel $(PARALLEL) -timeout 15m ./...
 
 # golangci-lint, pinned: errcheck, govet, ineffassign, staticcheck
 # (honnef.co/go/tools v0.8.2, as v2.15.0 links it) and unused, configured in

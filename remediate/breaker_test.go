@@ -208,6 +208,7 @@ func hideContext(t *testing.T, bin string, cred *syscall.Credential, pid int) in
 // breaker on the third failure and held the 16 GiB back.)
 func TestBreakerIgnoresHiddenHolders(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("running processes as another user needs root")
 	}

@@ -16,6 +16,7 @@ import (
 // back and records the action.
 func TestCleanByHand(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 3072, 2)
 	w.KillParent(t)

@@ -320,6 +320,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 // orphan's memory stayed held for as long as the alert fired.)
 func TestRetryAfterOthersRemain(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	const minAge, cooldown = 4 * time.Second, 3 * time.Second

@@ -81,6 +81,7 @@ func rowOf(rows []reportRow, key string) (reportRow, bool) {
 // filters, and `gpu-orphan report` from the store and from the API.
 func TestAuditNamesDeadOwner(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w, job := slurmJob(t, root)
 	storePath := filepath.Join(t.TempDir(), "r.db")
@@ -153,6 +154,7 @@ func TestAuditNamesDeadOwner(t *testing.T) {
 // identity, never a guess, and counts it under user "unknown".
 func TestAuditDeadOwnerUnknown(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w, _ := slurmJob(t, root)
 	w.KillParent(t)

@@ -18,6 +18,7 @@ import (
 // fleet limit (one node per window) holds the second node back.
 func TestDispatcherRoutesAndLimits(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	rootA, rootB := testenv.SimNode(t, 2), testenv.SimNode(t, 2)
 	for _, root := range []string{rootA, rootB} {
 		w := testenv.StartWorkload(t, root, 1, 1024, 1)
@@ -101,6 +102,7 @@ func TestDispatcherRoutesAndLimits(t *testing.T) {
 // covers both nodes in one call.
 func TestDispatcherKeepsAgentResults(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	type node struct {
 		name, root, url, job string
 		w                    *testenv.Workload

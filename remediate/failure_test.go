@@ -18,6 +18,7 @@ import (
 // TestBreakerIgnoresHiddenHolders.)
 func TestFailedCleanupOpensBreaker(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)

@@ -17,6 +17,7 @@ import (
 // command line it saw. (They were 0750 and 0644: another user read them.)
 func TestStoreFilesPrivate(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	base := t.TempDir()
 	if err := os.Chmod(base, 0o755); err != nil {

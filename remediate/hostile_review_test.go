@@ -29,6 +29,7 @@ import (
 // placeholder as the agents' token.
 func TestExampleTokensRefusedAtStart(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	mod, err := testenv.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +89,7 @@ func TestExampleTokensRefusedAtStart(t *testing.T) {
 // still get through.
 func TestCrossSiteWithClientCertificate(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	dir := t.TempDir()
 	ca := newCA(t, "gpu-orphan test CA")
 	srvCert, srvKey := ca.issue(t, "remediator", x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
@@ -159,6 +161,7 @@ func TestCrossSiteWithClientCertificate(t *testing.T) {
 // referrers, scripts and loads; the CSP's hash is the page's own style.
 func TestActionsPageForeignHost(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 1)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--web.ui.open", "--web.external-url=http://gpu-17.example.com:10836")
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(url, "http://"))

@@ -228,6 +228,7 @@ func fp(i int) string { return fmt.Sprintf("%016x", 0xabc000+i) }
 // left alone.
 func TestWebhookCleansForkOrphan(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
@@ -284,6 +285,7 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 // action results, and a resolved alert cancels queued work.
 func TestDuplicatesActOnce(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)

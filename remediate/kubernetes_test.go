@@ -28,6 +28,7 @@ import (
 // slice is deleted, its node is rejected again, without a restart.
 func TestDispatcherKubernetesDiscovery(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	const ns, service = "gpu-orphan", "gpu-orphan-node"
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
@@ -111,6 +112,7 @@ func undiscoveredPort(t *testing.T, a net.Addr) string {
 // it needs, well before the sync timeout.
 func TestDispatcherKubernetesForbidden(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	api := kubeapi.Start(t, "gpu-orphan")
 	api.Forbid(true)
 	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+testenv.FreeAddr(t),

@@ -34,6 +34,7 @@ func excludedAs(a remediate.Action, pid int) remediate.ExclusionReason {
 // its process group.
 func TestProofDaemonStartedBefore(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	daemon := testenv.StartScript(t, fmt.Sprintf("exec %s launch --root %s --gpu 1", simBin(t), root)).Line(t, "launcher").PID
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
@@ -57,6 +58,7 @@ func TestProofDaemonStartedBefore(t *testing.T) {
 // healthy rank on GPU 1, beside a fork orphan of another job there.
 func TestProofLauncherOfLiveRank(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	sim := simBin(t)
 	s := testenv.StartScript(t, fmt.Sprintf("exec %s launch --root %s --gpu 1 -- %s run --root %s --gpu 1 --mib 1024 --children 1", sim, root, sim, root))
@@ -81,6 +83,7 @@ func TestProofLauncherOfLiveRank(t *testing.T) {
 // the trainer's own open files. Another job dies on the same GPU.
 func TestProofHelperOfHealthyTrainer(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	healthy := testenv.StartWorkload(t, root, 1, 1024, 1, testenv.HelperFlag)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
@@ -102,6 +105,7 @@ func TestProofHelperOfHealthyTrainer(t *testing.T) {
 // not act.
 func TestProofNoOrphanAllHolders(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	var pids []int
 	for job := range 2 {
@@ -125,6 +129,7 @@ func TestProofNoOrphanAllHolders(t *testing.T) {
 // its own. Nothing ties it to the dead owner.
 func TestProofAnotherUsersMapper(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("running a process as another user needs root")
 	}
@@ -197,6 +202,7 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 // proof rules keep it alive.
 func TestProofMPS(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	mps := testenv.StartScript(t, fmt.Sprintf("exec %s mps --root %s --gpu 1 --control-comm gpu-watchd", simBin(t), root)).Ready(t)
 	client := testenv.StartWorkload(t, root, 1, 2048, 2)
@@ -217,6 +223,7 @@ func TestProofMPS(t *testing.T) {
 // trainer that dies later is still given min-age of its own.
 func TestProofMinAgePerDeadOwner(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	hostengine := filepath.Join(t.TempDir(), "nv-hostengine") // a protected name
 	if err := os.Link(simBin(t), hostengine); err != nil {
@@ -299,6 +306,7 @@ func TestProofReusedPIDHoldsTheGPU(t *testing.T) {
 // comes back.
 func TestProofReplacementIsReplanned(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
 	script := testenv.StartScript(t, fmt.Sprintf("%s run --root %s --gpu 1 --mib 4096 --children 1 --respawn-on-sigterm & wait; sleep 300", simBin(t), root))
@@ -325,6 +333,7 @@ func TestProofReplacementIsReplanned(t *testing.T) {
 // with an orphan (finding 6).
 func TestProofOrphanedOwnerWithWorkers(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.policy=orphaned")
 	script := testenv.StartScript(t, fmt.Sprintf("nohup %s run --root %s --gpu 1 --mib 2048 --children 2 &", simBin(t), root))
@@ -349,6 +358,7 @@ func TestProofOrphanedOwnerWithWorkers(t *testing.T) {
 // (docs/safety.md says when this happens).
 func TestProofNoProofNoSignal(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	script := testenv.StartScript(t, fmt.Sprintf("%s run --root %s --gpu 1 --mib 2048 --children 2 & wait", simBin(t), root))
 	w := script.Ready(t)
@@ -373,6 +383,7 @@ func TestProofNoProofNoSignal(t *testing.T) {
 // suspect at all, not even an unexplained holder.
 func TestProofLauncherBelongsToItsJob(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	sim := simBin(t)
 	s := testenv.StartScript(t, fmt.Sprintf("exec %s launch --root %s --gpu 1 -- %s run --root %s --gpu 1 --mib 1024", sim, root, sim, root))

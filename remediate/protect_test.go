@@ -23,6 +23,7 @@ import (
 // comm let them escape: systemd* is on the protected list.
 func TestProtectRenamedWorkerIsCleaned(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2, "--child-comm", "systemd-worker")
 	orphan.KillParent(t)
@@ -58,6 +59,7 @@ func TestProtectRenamedWorkerIsCleaned(t *testing.T) {
 // (the old code protected it by comm).
 func TestProtectDaemonByExecutable(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root, for root-owned binaries and a user's")
 	}

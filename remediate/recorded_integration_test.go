@@ -20,6 +20,7 @@ import (
 // failure recorded while it runs.
 func TestRecordedActionsOnMetrics(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	db := filepath.Join(t.TempDir(), "remediator.db")
 	st, err := store.Open(context.Background(), db)

@@ -116,6 +116,7 @@ func simBin(t *testing.T) string { return testenv.Bin(t, "gpu-orphan-sim") }
 // open and mapped. An orphan sits on GPU 1. Only the orphan's holders go.
 func TestSafetyLiveJobOnAnotherGPU(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	healthy := testenv.StartWorkload(t, root, 0, 2048, 2, "--visible", "all")
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
@@ -139,6 +140,7 @@ func TestSafetyLiveJobOnAnotherGPU(t *testing.T) {
 // the kernel says the file is, not by its name.
 func TestSafetyDeviceIdentityNotPath(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("bind mounts in a mount namespace need root")
 	}
@@ -216,6 +218,7 @@ func TestSafetyDeviceIdentityNotPath(t *testing.T) {
 // its memory has a live owner, and its workers belong to it.
 func TestSafetyZombieLeader(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 4096, 2, "--zombie-leader")
 	testenv.Eventually(t, 5*time.Second, "the main thread to exit", func() bool {
@@ -292,6 +295,7 @@ func TestSafetyReusedOwnerPID(t *testing.T) {
 // signalled: the live script leads its group.
 func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
 	tensorboard := filepath.Join(t.TempDir(), "tensorboard")
@@ -325,6 +329,7 @@ func TestSafetyJobScriptKeepsItsGroup(t *testing.T) {
 // --remediate.min-age before touching either.
 func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	script := testenv.StartScript(t, fmt.Sprintf("nohup %s run --root %s --gpu 1 --mib 2048 &", simBin(t), root))
 	job := script.Ready(t)
@@ -356,6 +361,7 @@ func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 // nor its workers, nor a monitor that holds the node without mapping it.
 func TestSafetyAllHoldersSparesOthers(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	n, err := sim.Load(root)
 	if err != nil {
@@ -390,6 +396,7 @@ func TestSafetyAllHoldersSparesOthers(t *testing.T) {
 // not a failure, and the breaker (one failure opens it here) stays shut.
 func TestSafetyOthersLeftoversAreNotFailures(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	dir := t.TempDir()
 	hostengine := filepath.Join(dir, "nv-hostengine") // a protected name

@@ -22,6 +22,7 @@ import (
 // trainer's, and names the trainer's user in its record, from its store.
 func TestStateSurvivesRemediatorRestart(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	db := filepath.Join(t.TempDir(), "r.db")
 	url, stop := startAgent(t, root, db, "--act")

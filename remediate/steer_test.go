@@ -74,6 +74,7 @@ func startDispatcher(t *testing.T, targets string, extra ...string) string {
 // restart.
 func TestDispatcherNotSteerable(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	attacker, stolen := listenerOn(t, "127.0.0.3", http.StatusServiceUnavailable)
 	_, attackerPort, _ := net.SplitHostPort(attacker.Listener.Addr().String())
 	elsewhere, redirected := listenerOn(t, "127.0.0.1", http.StatusOK)
@@ -159,6 +160,7 @@ func TestDispatcherNotSteerable(t *testing.T) {
 // reason, not as succeeded.
 func TestDispatcherForwardsLabels(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
 	w.KillParent(t)
@@ -204,6 +206,7 @@ func TestDispatcherForwardsLabels(t *testing.T) {
 // the memory once; both replicas follow that one action.
 func TestDispatcherReplicas(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
 	w.KillParent(t)

@@ -117,6 +117,7 @@ func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
 // the TLS handshake.
 func TestTLSClientCertificates(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	dir := t.TempDir()
 	ca, otherCA := newCA(t, "gpu-orphan test CA"), newCA(t, "somebody else's CA")
 	srvCert, srvKey := ca.issue(t, "remediator", x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))

@@ -88,6 +88,7 @@ func links(t *testing.T, page, body string) []string {
 // cross-site post and a forged cookie get nothing.
 func TestActionsSignIn(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
 	w.KillParent(t)
@@ -181,6 +182,7 @@ func TestActionsSignIn(t *testing.T) {
 // /actions, and none of its links is a 404.
 func TestActionsPageOpen(t *testing.T) {
 	skipShort(t)
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
 	w.KillParent(t)

@@ -13,6 +13,8 @@
 #
 # Both tests are the same as in `make unit`, where they run once (~30 s and
 # ~20 s); GPU_ORPHAN_SOAK_DURATION makes them run for their share of it.
+# Then the remediator's TestLoadIntakeBurst, with 10,000 notifications
+# (2,500 in `make unit`).
 #
 # Environment: SOAK_DURATION (10m; whole h, m and s, e.g. 1h, 2m, 90s), GO
 # (go), SOAK_REPORT (.run/soak.txt: the figures of every soak are appended).
@@ -52,6 +54,10 @@ status=0
 GPU_ORPHAN_SOAK_DURATION=$SOAK_DURATION GPU_ORPHAN_REPORT=$figures \
   "$GO" test -count=1 -run '^TestHardening(ScrapeUnderChurn|DriverFaults)$' -v -timeout "$(( secs + 600 ))s" ./exporter/ \
   >"$work/test.log" 2>&1 || status=$?
+if (( status == 0 )); then
+  GPU_ORPHAN_BURST_NOTIFICATIONS=10000 "$GO" test -count=1 -run '^TestLoadIntakeBurst$' -v -timeout 15m ./remediate/ \
+    >>"$work/test.log" 2>&1 || status=$?
+fi
 elapsed=$(( $(date +%s) - t0 ))
 
 if (( status != 0 )); then
