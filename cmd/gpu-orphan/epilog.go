@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
@@ -38,14 +39,14 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 		return code
 	}
 	defer closeAll()
-	// The job-end rule decides; the node only carries out its plans. Its
-	// own re-plans (for holders a plan did not name) follow its decision
-	// configuration, which neverAge keeps from ripening: the epilog makes
-	// the job's next plan itself, under the job-end rule.
-	nodeCfg := h.cfg
-	nodeCfg.MinAge = neverAge
+	// The job-end rule decides every plan, the node's own re-plans (for
+	// holders a plan did not name) included: nothing outside the job is
+	// ever a target.
 	node := cleanup.New(cleanup.Config{
-		Snapshots: h.loop, Proc: h.fs, Decide: nodeCfg,
+		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
+		Planner: func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan {
+			return jobend.Plan(s, gpuID, h.job, h.cfg, now)
+		},
 		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.verifyTimeout,
 		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})

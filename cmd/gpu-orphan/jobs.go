@@ -59,13 +59,6 @@ const hookExitHelp = "Exit status: 0 when the job's GPUs are clean (or were clea
 // lineage in its store (remediate/app).
 const lineageState = "lineage"
 
-// neverAge is a minimum age no orphan reaches. The epilog's cleanup.Node
-// decides with it: when holders the job-end plan did not name appear, the
-// node re-plans under its own policy (dead-owner, not the job-end rule),
-// and must find nothing ripe there, lest it signal outside the job. The
-// epilog re-plans under the job-end rule itself.
-const neverAge = 50 * 365 * 24 * time.Hour
-
 // hookOptions are the flags of prolog and epilog.
 type hookOptions struct {
 	jobID, jobUID, node, gpus string

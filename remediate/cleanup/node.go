@@ -55,7 +55,12 @@ type Config struct {
 	// VerifyTimeout bounds the wait for memory to come back.
 	VerifyTimeout time.Duration
 	// MaxWait bounds how long a too-young problem is kept queued.
-	MaxWait  time.Duration
+	MaxWait time.Duration
+	// Planner, when set, is the rule that decides every plan of this node,
+	// its re-plans included, in place of decide.Decide under Decide and the
+	// whole-group rule: the epilog's job-end rule (remediate/jobend), whose
+	// targets are the ended job's processes and nothing else.
+	Planner  func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan
 	Recorder EventRecorder
 	Metrics  *remediate.Metrics
 	Logger   *slog.Logger
@@ -90,6 +95,9 @@ func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
 // PlanFrom decides on a snapshot the caller took from Snapshots, listing
 // the process groups of the targets for the whole-group rule.
 func (n *Node) PlanFrom(s *snapshot.Snapshot, gpuID string) decide.Plan {
+	if n.cfg.Planner != nil {
+		return n.cfg.Planner(s, gpuID, time.Now())
+	}
 	plan := decide.Decide(s, gpuID, n.cfg.Decide, time.Now())
 	groups := map[int]decide.Group{}
 	for _, pgid := range plan.GroupsToList() {
