@@ -141,7 +141,7 @@ e2e: build deps $(TOOLS_DEP)
 # `make test` does not run it. Results go to .run/bench/; docs/benchmarks.md
 # is updated by hand, from .run/bench/benchmarks.md, on purpose.
 bench: build
-	@RUN_DIR='$(RUN_DIR)' ./scripts/bench.sh
+	@RUN_DIR='$(RUN_DIR)' GPU_ORPHAN_BENCH_BIN='$(CURDIR)/$(BIN)' ./scripts/bench.sh
 
 fuzz:
 	@RUN_DIR='$(RUN_DIR)' ./scripts/fuzz.sh
