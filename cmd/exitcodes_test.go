@@ -20,6 +20,7 @@ import (
 // hooks': "gpu-orphan epilog: "). Each case
 // runs the real binary, with none of Slurm's variables in its environment.
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	none := filepath.Join(dir, "none") // exists nowhere
 	targets := filepath.Join(dir, "targets.json")

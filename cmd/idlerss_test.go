@@ -171,6 +171,7 @@ func parseProcMem(data []byte) (procMem, error) {
 }
 
 func TestParseProcMem(t *testing.T) {
+	t.Parallel()
 	status := "Name:\tgpu-orphan-expo\nVmHWM:\t   18000 kB\nVmRSS:\t   17872 kB\nRssAnon:\t    2856 kB\nRssFile:\t   15016 kB\nRssShmem:\t       0 kB\n"
 	got, err := parseProcMem([]byte(status))
 	if err != nil {

@@ -44,6 +44,7 @@ func allowed(from, to string) bool {
 // TestImportsRunDown checks every import of the module's packages, and of
 // their tests, over `go list`: none runs up or across.
 func TestImportsRunDown(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command("go", "list", "-f",
 		`{{.ImportPath}}|{{join .Imports ","}}|{{join .TestImports ","}}|{{join .XTestImports ","}}`, "./...")
 	cmd.Dir = ".."
@@ -113,6 +114,7 @@ func stderr(err error) string {
 
 // TestLayersRule: the rule itself, on the arrows the issue names.
 func TestLayersRule(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		from, to string
 		ok       bool
@@ -145,6 +147,7 @@ func TestLayersRule(t *testing.T) {
 // no Kubernetes client (client-go is the dispatcher's, 46 MB of its
 // binary); gpu-orphan-dispatcher does, which shows the check sees it.
 func TestNodeAgentLinksNoKubernetes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		binary string
 		links  bool

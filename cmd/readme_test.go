@@ -152,6 +152,7 @@ func shippedBinaries(t *testing.T) []string {
 // others name theirs in their paragraph. The flags that every binary has
 // are named once, in the sentence that says so.
 func TestReadmeFlags(t *testing.T) {
+	t.Parallel()
 	bins := shippedBinaries(t)
 	common, sections := readmeSections(t)
 	for _, name := range bins {

@@ -57,6 +57,7 @@ func waitOwned(t *testing.T, url string, pid int) {
 // keeps its context. The exporter that saw it alive names it; one started
 // after it died says it does not know.
 func TestDeadOwnerIdentity(t *testing.T) {
+	t.Parallel()
 	jobV2, jobV1 := testenv.SlurmJobID(), testenv.SlurmJobID()
 	for _, tc := range []struct {
 		name, mount, rel string
@@ -71,6 +72,7 @@ func TestDeadOwnerIdentity(t *testing.T) {
 			map[string]string{"slurm_job": "", "pod_uid": testPodUID, "container_id": testContainer}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each its own node, job and cgroup
 			root := testenv.SimNode(t, 2)
 			w := testenv.StartWorkload(t, root, 1, 1024, 1)
 			testenv.IntoCgroup(t, tc.mount, tc.rel, w.PID)

@@ -18,6 +18,7 @@ import (
 // TestSimForkOrphan runs the real exporter binary on a simulated node with
 // a real workload: docs/facts.md's fork case, end to end.
 func TestSimForkOrphan(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("integration test")
 	}

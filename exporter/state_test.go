@@ -23,6 +23,7 @@ func (e *exporterProc) stop(t *testing.T) {
 // new exporter names the dead owner from the state, as the first would
 // have. Without the flag it would not know (TestDeadOwnerIdentity).
 func TestStateSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	state := filepath.Join(t.TempDir(), "state", "exporter.json")
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
@@ -52,6 +53,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 // TestStateCorruptOrForeign: a state that cannot be trusted is reported
 // and ignored; the exporter serves as without one, and replaces it.
 func TestStateCorruptOrForeign(t *testing.T) {
+	t.Parallel()
 	for name, content := range map[string]string{
 		"corrupt":      `{"version":1,"boot_id":`,
 		"another boot": `{"version":1,"boot_id":"00000000-0000-0000-0000-000000000000","owners":[]}`,

@@ -75,6 +75,7 @@ const nobody = 65534
 // and the exporter counts the unreadable processes and fails fdscan. As
 // root, the same node is a plain fork orphan.
 func TestUnreadableDescriptorsAsNobody(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("integration test")
 	}

@@ -51,6 +51,7 @@ func waitFile(t *testing.T, path string) string {
 // -w`), the workers alive. Run as it says, from another session, it cleans
 // the GPU: exit 0, memory back.
 func TestCleanRefusesOwnSession(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	dir := t.TempDir()
 	script := testenv.StartScript(t, `
@@ -109,6 +110,7 @@ setsid -w "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s
 // snapshots, as the remediator does, says what it waits for, and acts once
 // the orphan is a second old: exit 0, memory back.
 func TestCleanWaitsForMinAge(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
 	w.KillParent(t)
@@ -139,6 +141,7 @@ func TestCleanWaitsForMinAge(t *testing.T) {
 // TestCleanMinAgeBeyondItsWait: clean waits for at most 2m; a longer
 // min-age is the remediator's, and is refused as a bad argument.
 func TestCleanMinAgeBeyondItsWait(t *testing.T) {
+	t.Parallel()
 	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+t.TempDir(), "clean", "--gpu", "1", "--min-age=5m")
 	want := "gpu-orphan: --min-age=5m0s is longer than clean waits (2m0s): leave it to the remediator (--remediate.min-age), or give a smaller --min-age\n"
 	if code != 2 || stderr != want || stdout != "" {
@@ -152,6 +155,7 @@ func TestCleanMinAgeBeyondItsWait(t *testing.T) {
 // untouched. A dry run there warns. The same command in the host's
 // namespace cleans the GPU.
 func TestCleanRefusedInAnotherPIDNamespace(t *testing.T) {
+	t.Parallel()
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
 		t.Skip("unshare (util-linux) is not installed")
@@ -214,6 +218,7 @@ func TestCleanRefusedInAnotherPIDNamespace(t *testing.T) {
 
 // TestCleanHelpExitStatus: clean's --help gives its exit statuses.
 func TestCleanHelpExitStatus(t *testing.T) {
+	t.Parallel()
 	_, stdout, stderr := runBin(t, "clean", "--help")
 	help := strings.Join(strings.Fields(stdout+stderr), " ")
 	for _, want := range []string{"Exit status: 0 when the GPU is clean, or was cleaned and the memory verified back",

@@ -6,6 +6,7 @@ import (
 )
 
 func TestParseDeadOwners(t *testing.T) {
+	t.Parallel()
 	const scrape = `# HELP gpu_orphan_dead_owner_info A dead owner.
 # TYPE gpu_orphan_dead_owner_info gauge
 gpu_orphan_dead_owner_info{comm="python3",container_id="",gpu="1",pid="463",pod_uid="",slurm_job="81234",user="alice",uuid="GPU-a"} 1

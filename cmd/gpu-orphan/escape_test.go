@@ -24,6 +24,7 @@ const evilName = "\x1b[1A\x1b[2K\r  no suspect holders\x1b[8m"
 // prints as an escape: the table holds none, and the row is there; so does
 // clean's plan.
 func TestPSEscapesProcessNames(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 1)
 	cmd := &exec.Cmd{
 		Path: testenv.Bin(t, "gpu-orphan-sim"),

@@ -119,6 +119,7 @@ func requireRoot(t *testing.T) {
 // trainer led no group of its own), the memory comes back, B runs on
 // untouched, and the store has the action, source epilog, naming job A.
 func TestEpilogSignalsOnlyTheJob(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	jobA, jobB := testenv.SlurmJobID(), testenv.SlurmJobID()
@@ -219,6 +220,7 @@ echo done $$; sleep 600
 // the epilog fails, saying so in one line, and drains the node with
 // --drain; the job's own orphan is cleaned.
 func TestEpilogOtherOrphanStays(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	job := testenv.SlurmJobID()
@@ -269,6 +271,7 @@ func TestEpilogOtherOrphanStays(t *testing.T) {
 // are in the group their dead trainer led) is not. Under the remediator's
 // rule, the cleanup's own re-plan would have signalled it.
 func TestEpilogRespawnedWorker(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	job := testenv.SlurmJobID()
@@ -312,6 +315,7 @@ func TestEpilogRespawnedWorker(t *testing.T) {
 // while the remediator runs on. Without the lineage, nothing proves they
 // are the job's: they are left alone, and the epilog fails.
 func TestEpilogRecordedDescent(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	job := testenv.SlurmJobID()
@@ -383,6 +387,7 @@ func TestEpilogRecordedDescent(t *testing.T) {
 // trainer's process group), and the job may start. A GPU that is not the
 // job's is not looked at.
 func TestPrologCleansDeadOwner(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	stale := testenv.StartWorkload(t, root, 1, 1024, 2)
@@ -419,6 +424,7 @@ func TestPrologCleansDeadOwner(t *testing.T) {
 // prolog fails with the reason, drains with it, records the failure, and
 // says it on syslog too.
 func TestPrologLeak(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	if err := sim.WriteFaults(root, sim.Faults{GPU: sim.AllGPUs, Leaks: []sim.Leak{{GPU: 1, Bytes: 40 << 30}}}); err != nil {
@@ -465,6 +471,7 @@ func TestPrologLeak(t *testing.T) {
 // TestPrologNothingToCheck: a job given no GPU is not checked: the prolog
 // does not even open the driver (a bad --sim.root does not matter).
 func TestPrologNothingToCheck(t *testing.T) {
+	t.Parallel()
 	code, out := runHook(t, []string{"SLURM_JOB_ID=12"}, "--backend=sim", "--sim.root=/nonexistent", "prolog", "--store.path=", "--log.syslog-socket=")
 	if code != 0 || out != "gpu-orphan prolog: job 12: no GPUs to check (the job has none)\n" {
 		t.Errorf("prolog of a job without GPUs: exit %d, %q", code, out)
@@ -478,6 +485,7 @@ func TestPrologNothingToCheck(t *testing.T) {
 // TestHookBadInput: what Slurm should have given and did not, or GPUs
 // this node does not have: exit 2, one line naming it.
 func TestHookBadInput(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	for _, tc := range []struct {
 		hook string
@@ -501,6 +509,7 @@ func TestHookBadInput(t *testing.T) {
 // TestHookDriverFails: a driver that cannot be read is no bad input: the
 // GPUs cannot be checked, exit 1, and the node is drained.
 func TestHookDriverFails(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	if err := sim.WriteFaults(root, sim.Faults{Error: "GPU is lost", GPU: sim.AllGPUs}); err != nil {
 		t.Fatal(err)
@@ -521,6 +530,7 @@ func TestHookDriverFails(t *testing.T) {
 // TestEpilogRefusesWithoutRecord: an audit store that cannot be opened
 // means nothing is signalled, and the epilog fails saying why.
 func TestEpilogRefusesWithoutRecord(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	job := testenv.SlurmJobID()
@@ -538,6 +548,7 @@ func TestEpilogRefusesWithoutRecord(t *testing.T) {
 }
 
 func TestParseJobGPUs(t *testing.T) {
+	t.Parallel()
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	for _, tc := range []struct {
 		flag string
@@ -562,6 +573,7 @@ func TestParseJobGPUs(t *testing.T) {
 }
 
 func TestSize(t *testing.T) {
+	t.Parallel()
 	for b, want := range map[uint64]string{0: "0 MiB", 4104 << 20: "4 GiB", 40 << 30: "40 GiB", 1536 << 20: "1.5 GiB", 1023 << 20: "1023 MiB"} {
 		if got := size(b); got != want {
 			t.Errorf("size(%d) = %q, want %q", b, got, want)
@@ -571,6 +583,7 @@ func TestSize(t *testing.T) {
 
 // The context of a hook keeps a reserve for the record and the drain.
 func TestHookContext(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := hookContext(20 * time.Second)
 	defer cancel()
 	d, ok := ctx.Deadline()

@@ -36,6 +36,7 @@ func runBin(t *testing.T, args ...string) (int, string, string) {
 // TestCleanNoSuchGPU: `clean --gpu 7` on a 2-GPU node names the GPUs it
 // has and exits 2, as for any other wrong argument, printing no plan.
 func TestCleanNoSuchGPU(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	for _, id := range []string{"7", "GPU-no-such-uuid"} {
 		code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", id)
@@ -48,6 +49,7 @@ func TestCleanNoSuchGPU(t *testing.T) {
 // TestCleanDryRunLeavesNoStore: a plan that does not act opens no audit
 // database, so --store.path is not created by a dry run.
 func TestCleanDryRunLeavesNoStore(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	storePath := filepath.Join(t.TempDir(), "audit.db")
 	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "1", "--store.path="+storePath)
@@ -61,6 +63,7 @@ func TestCleanDryRunLeavesNoStore(t *testing.T) {
 
 // TestFlagErrorsNameTheFlag: a wrong value names its flag and exits 2.
 func TestFlagErrorsNameTheFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -79,6 +82,7 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 }
 
 func TestDescribeGPUs(t *testing.T) {
+	t.Parallel()
 	with := func(indices ...int) *snapshot.Snapshot {
 		s := &snapshot.Snapshot{}
 		for _, i := range indices {

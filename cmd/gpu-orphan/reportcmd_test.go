@@ -79,6 +79,7 @@ func decodeReport(t *testing.T, stdout string) reportJSON {
 // TestReportFromStore: the report of an audit database, by Slurm job and by
 // user, in each format, sorted by GiB·hours; the database is only read.
 func TestReportFromStore(t *testing.T) {
+	t.Parallel()
 	path := reportStore(t)
 	before, _ := os.Stat(path)
 
@@ -127,6 +128,7 @@ func TestReportFromStore(t *testing.T) {
 // TestReportFromURL: --url reads a remediator's API with the bearer token
 // of --auth.token-file.
 func TestReportFromURL(t *testing.T) {
+	t.Parallel()
 	const tok = "0123456789abcdef0123"
 	var queries []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -166,6 +168,7 @@ func TestReportFromURL(t *testing.T) {
 
 // TestReportBadInput: each mistake is named, with exit status 2.
 func TestReportBadInput(t *testing.T) {
+	t.Parallel()
 	path := reportStore(t)
 	for _, tc := range []struct {
 		args []string
@@ -202,6 +205,7 @@ func TestReportBadInput(t *testing.T) {
 // epilog's cleanup is its job's; a prolog's, the dead owner's it cleaned up
 // after; by source, each trigger's events.
 func TestReportHookActions(t *testing.T) {
+	t.Parallel()
 	now := time.Now().UTC().Truncate(time.Second)
 	uidAlice, uidCarol, uidDave := 1001, 1003, 1004
 	alice := remediate.DeadOwner{PID: 10, UsedBytes: 2 << 30, Known: true, Comm: "python", User: "alice", UID: &uidAlice, SlurmJob: "81234"}

@@ -47,6 +47,7 @@ func node(denied int, shielded ...int) *snapshot.Snapshot {
 func devicePath(minor int) string { return fmt.Sprintf("/dev/nvidia%d", minor) }
 
 func TestTableWarnsWhenDescriptorsUnreadable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		s      *snapshot.Snapshot
@@ -103,6 +104,7 @@ func TestTableWarnsWhenDescriptorsUnreadable(t *testing.T) {
 
 // TestReportJSONFields pins the names scripts read.
 func TestReportJSONFields(t *testing.T) {
+	t.Parallel()
 	b, err := json.Marshal(NewReport(node(7, 1), devicePath))
 	if err != nil {
 		t.Fatal(err)
