@@ -150,10 +150,8 @@ func startWorkloadAs(t *testing.T, bin string, cred *syscall.Credential, root st
 	}
 	w := &testenv.Workload{Cmd: cmd, PID: cmd.Process.Pid}
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		for _, c := range w.Children {
-			syscall.Kill(c, syscall.SIGKILL)
-		}
+		w.Kill()
+		cmd.Process.Kill()
 		cmd.Wait()
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
@@ -168,6 +166,7 @@ func startWorkloadAs(t *testing.T, bin string, cred *syscall.Credential, root st
 		}
 		w.Children = append(w.Children, pid)
 	}
+	w.Hold()
 	return w
 }
 

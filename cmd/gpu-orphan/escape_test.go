@@ -40,12 +40,10 @@ func TestPSEscapesProcessNames(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var child int
+	w := &testenv.Workload{Cmd: cmd, PID: cmd.Process.Pid}
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		if child > 0 {
-			syscall.Kill(child, syscall.SIGKILL)
-		}
+		w.Kill()
+		cmd.Process.Kill()
 		cmd.Wait()
 	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
@@ -53,9 +51,12 @@ func TestPSEscapesProcessNames(t *testing.T) {
 	if err != nil || len(f) != 3 || f[0] != "ready" {
 		t.Fatalf("workload said %q (%v)", line, err)
 	}
-	if child, err = strconv.Atoi(f[2]); err != nil {
+	child, err := strconv.Atoi(f[2])
+	if err != nil {
 		t.Fatal(err)
 	}
+	w.Children = []int{child}
+	w.Hold()
 	if comm, _ := os.ReadFile("/proc/" + f[2] + "/comm"); string(comm) != "\x1b[2J\x1b[H\x07\n" {
 		t.Fatalf("the worker's comm is %q", comm)
 	}

@@ -177,7 +177,8 @@ func TestLiveHelperSharesFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := script.Process.Pid
-	t.Cleanup(func() { syscall.Kill(-dead, syscall.SIGKILL); script.Wait() })
+	held := &testenv.Workload{Cmd: script, PID: dead}
+	t.Cleanup(func() { held.Kill(); script.Process.Kill(); script.Wait() })
 	var worker, live, helper int
 	testenv.Eventually(t, 5*time.Second, "the worker, the second trainer and its helper", func() bool {
 		worker, live, helper = 0, 0, 0
@@ -194,6 +195,8 @@ func TestLiveHelperSharesFile(t *testing.T) {
 		}
 		return worker != 0 && live != 0 && helper != 0
 	})
+	held.Children = []int{worker, live, helper}
+	held.Hold()
 	waitMapped(t, worker, dev)
 	waitMapped(t, helper, dev)
 	script.Process.Signal(syscall.SIGKILL)

@@ -195,11 +195,10 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	}
 	pid := creator.Process.Pid
 	var workers []int
+	held := &testenv.Workload{Cmd: creator, PID: pid}
 	t.Cleanup(func() {
-		syscall.Kill(-pid, syscall.SIGKILL)
-		for _, w := range workers {
-			syscall.Kill(w, syscall.SIGKILL)
-		}
+		held.Kill()
+		creator.Process.Kill()
 		creator.Wait()
 	})
 	fs := procFS(t)
@@ -216,6 +215,8 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 			}
 		}
 	}
+	held.Children = workers
+	held.Hold()
 	for _, w := range workers {
 		waitMapped(t, w, dev)
 	}
@@ -257,7 +258,8 @@ func orphanedPID(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	h := testenv.Hold(pid) // alive: sleep 300
+	t.Cleanup(func() { h.Kill(); h.Release() })
 	return pid
 }
 

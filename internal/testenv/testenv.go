@@ -135,6 +135,33 @@ type Workload struct {
 	// reparented to PID 1 (or the nearest subreaper), in the workload's
 	// group and session, sharing its descriptors.
 	Helper int
+	// held are the processes above, held since they were seen alive: the
+	// cleanup kills through them (Held), never by a PID that may be
+	// another's by then.
+	held []*Held
+}
+
+// Hold holds the workload's processes, seen alive now, for Kill.
+func (w *Workload) Hold() {
+	for _, pid := range append([]int{w.PID, w.Helper}, w.Children...) {
+		if pid <= 0 {
+			continue
+		}
+		if h := Hold(pid); h != nil {
+			w.held = append(w.held, h)
+		}
+	}
+}
+
+// Kill kills what is left of the workload: its process group while one of
+// its held processes is still in it, and each held process.
+func (w *Workload) Kill() {
+	KillGroup(w.Cmd.Process.Pid, w.held...)
+	for _, h := range w.held {
+		h.Kill()
+		h.Release()
+	}
+	w.held = nil
 }
 
 // HelperFlag is the extra argument of StartWorkload that starts a helper
@@ -159,13 +186,10 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 	}
 	w := &Workload{Cmd: cmd}
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		for _, c := range w.Children {
-			syscall.Kill(c, syscall.SIGKILL)
-		}
+		w.Kill()
+		cmd.Process.Kill() // our child: os.Process never reaches another
 		cmd.Wait()
 		if w.Helper > 0 {
-			syscall.Kill(w.Helper, syscall.SIGKILL)
 			// Reaped here when this process is the subreaper it went to;
 			// ECHILD at once otherwise.
 			for {
@@ -207,6 +231,7 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 		}
 		w.Helper = pid
 	}
+	w.Hold()
 	return w
 }
 
