@@ -44,7 +44,11 @@ p=$(src github.com/prometheus/prometheus "$prom_version")
 # The module's v0.3MM.P is Prometheus 3.MM.P; --version says so.
 minor=${prom_version#v0.}; minor=${minor%%.*}
 release="3.$((minor - 300)).${prom_version##*.}"
-(cd "$p" && GOWORK=off "$GO" build -ldflags "-X github.com/prometheus/common/version.Version=$release" -o "$bin/" ./cmd/prometheus ./cmd/promtool)
+# remove_all_sd (Prometheus's own build tag) leaves out the cloud service
+# discoveries (AWS, Azure, GCE, Kubernetes, ...) and their SDKs: the tests
+# scrape static and file targets only, and the compile from an empty build
+# cache takes 136 s instead of 262 s on 2 cores (measured 2026-12-02).
+(cd "$p" && GOWORK=off "$GO" build -tags remove_all_sd -ldflags "-X github.com/prometheus/common/version.Version=$release" -o "$bin/" ./cmd/prometheus ./cmd/promtool)
 echo "tools: building Alertmanager $am_version (alertmanager, amtool) from its module, with a placeholder for its web UI, once (about 2 minutes)" >&2
 a=$(src github.com/prometheus/alertmanager "$am_version")
 for ui in elm mantine; do
