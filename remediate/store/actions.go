@@ -264,7 +264,8 @@ type Filter struct {
 	Since, Until time.Time
 	State        remediate.State
 	// User and SlurmJob select actions with a dead owner of that user, or
-	// of that Slurm job (Action.DeadOwners).
+	// of that Slurm job (Action.DeadOwners), and the prolog's and the
+	// epilog's actions for a job of that user, or for that job (Action.Job).
 	User, SlurmJob string
 	// AgentPending selects a dispatcher's actions whose agent's result is
 	// still to come (Action.Agent queued or running).
@@ -308,10 +309,12 @@ func (s *Store) Actions(ctx context.Context, f Filter) ([]remediate.Action, erro
 		where, args = append(where, "state = ?"), append(args, f.State)
 	}
 	if f.User != "" {
-		where, args = append(where, "id IN (SELECT action_id FROM action_owners WHERE owner_user = ?)"), append(args, f.User)
+		where, args = append(where, "(id IN (SELECT action_id FROM action_owners WHERE owner_user = ?) OR json_extract(job_json, '$.user') = ?)"),
+			append(args, f.User, f.User)
 	}
 	if f.SlurmJob != "" {
-		where, args = append(where, "id IN (SELECT action_id FROM action_owners WHERE slurm_job = ?)"), append(args, f.SlurmJob)
+		where, args = append(where, "(id IN (SELECT action_id FROM action_owners WHERE slurm_job = ?) OR json_extract(job_json, '$.slurm_job') = ?)"),
+			append(args, f.SlurmJob, f.SlurmJob)
 	}
 	if f.AgentPending {
 		where = append(where, "agent_json != 'null' AND json_extract(agent_json, '$.state') IN (?, ?)")

@@ -28,6 +28,20 @@ func TestDeadOwnerFilter(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
+	// An epilog's action for carol's job 300 (its targets are the job's
+	// live processes, no dead owner), and a prolog's for dave's job 400
+	// that cleaned alice's job 100.
+	for i, a := range []remediate.Action{
+		{Source: remediate.SourceEpilog, Job: &remediate.JobRef{SlurmJob: "300", User: "carol"}},
+		{Source: remediate.SourceProlog, Job: &remediate.JobRef{SlurmJob: "400", User: "dave"}, DeadOwners: []remediate.DeadOwner{alice}},
+	} {
+		a.Node, a.State, a.StartedAt = "n", remediate.StateSucceeded, t0.Add(time.Duration(10+i)*time.Second)
+		id, err := s.Insert(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
 	check := func(f Filter, want ...int) {
 		t.Helper()
 		got, err := s.Actions(ctx, f)
@@ -45,12 +59,16 @@ func TestDeadOwnerFilter(t *testing.T) {
 			t.Errorf("%+v: got %v, want %v", f, gotIDs, wantIDs)
 		}
 	}
-	check(Filter{User: "alice"}, 1, 0)
 	check(Filter{User: "bob"}, 1)
-	check(Filter{SlurmJob: "100"}, 1, 0)
+	check(Filter{SlurmJob: "300"}, 4)
+	check(Filter{User: "carol"}, 4)
+	check(Filter{SlurmJob: "400", User: "dave"}, 5)
+	check(Filter{SlurmJob: "100"}, 5, 1, 0)
+	check(Filter{User: "alice"}, 5, 1, 0)
+	check(Filter{SlurmJob: "300", User: "alice"})
 	check(Filter{SlurmJob: "200", User: "alice"}, 1)
 	check(Filter{SlurmJob: "200", User: "nobody"})
-	check(Filter{}, 3, 2, 1, 0)
+	check(Filter{}, 5, 4, 3, 2, 1, 0)
 
 	// The plan names other owners on the next look: the filter follows.
 	a, err := s.Action(ctx, ids[1])
@@ -61,7 +79,7 @@ func TestDeadOwnerFilter(t *testing.T) {
 	if err := s.Update(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	check(Filter{User: "alice"}, 0)
+	check(Filter{User: "alice"}, 5, 0)
 	check(Filter{User: "bob"}, 1)
 }
 
