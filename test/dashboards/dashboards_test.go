@@ -112,6 +112,9 @@ func loadKnownMetrics(path string) (knownMetrics, error) {
 // (TestPodNamesFromKubeStateMetrics).
 var externalMetrics = map[string]string{
 	"kube_pod_info": "kube-state-metrics",
+	// The dispatcher's taint (--escalate.taint), in "Nodes out of
+	// scheduling" beside the exporter's Slurm drain.
+	"kube_node_spec_taint": "kube-state-metrics",
 }
 
 // allows reports whether a query may use the series name.
