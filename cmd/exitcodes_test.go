@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,14 +84,7 @@ func TestExitCodes(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			code := 0
-			var exit *exec.ExitError
-			if errors.As(err, &exit) {
-				code = exit.ExitCode()
-			} else if err != nil {
-				t.Fatal(err)
-			}
+			code := testenv.ExitCode(t, cmd.Run())
 			lines := strings.Split(strings.TrimRight(stderr.String(), "\n"), "\n")
 			last := lines[len(lines)-1]
 			named := strings.HasPrefix(last, tc.bin+": ") || strings.HasPrefix(last, tc.bin+" epilog: ") || strings.HasPrefix(last, tc.bin+" prolog: ")

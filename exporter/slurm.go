@@ -23,8 +23,8 @@ type SlurmConfig struct {
 	// Sinfo is the sinfo command (slurm.Look's result), and Node this
 	// node's name in Slurm.
 	Sinfo, Node string
-	// MaxAge is how long one answer of sinfo serves scrapes: it asks
-	// slurmctld, which many nodes' scrapes must not flood.
+	// MaxAge is how often Run asks sinfo: it asks slurmctld, which many
+	// nodes' exporters must not flood.
 	MaxAge  time.Duration
 	Timeout time.Duration
 	Logger  *slog.Logger
@@ -32,19 +32,21 @@ type SlurmConfig struct {
 
 // SlurmDrain reports whether Slurm keeps this node drained because of
 // gpu-orphan (--collector.slurm-drain): GPUOrphanNodeOutOfScheduling fires
-// on it, and stays until a person resumes the node.
+// on it, and stays until a person resumes the node. Run asks sinfo in the
+// background, as the snapshot loop reads NVML: a scrape only reads its
+// latest answer, and never waits for slurmctld.
 type SlurmDrain struct {
 	cfg  SlurmConfig
 	read func(ctx context.Context) (slurm.NodeState, error)
 
-	mu     sync.Mutex
-	at     time.Time
-	state  slurm.NodeState
-	err    error
-	logged bool
+	mu       sync.Mutex
+	answered bool // an answer, or a failure, is there
+	state    slurm.NodeState
+	err      error
+	logged   bool
 }
 
-// NewSlurmDrain returns the collector.
+// NewSlurmDrain returns the collector; Run feeds it.
 func NewSlurmDrain(cfg SlurmConfig) *SlurmDrain {
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = 30 * time.Second
@@ -57,17 +59,37 @@ func NewSlurmDrain(cfg SlurmConfig) *SlurmDrain {
 	return d
 }
 
+// Run asks sinfo now, then every MaxAge, until ctx ends.
+func (d *SlurmDrain) Run(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.MaxAge)
+	defer tick.Stop()
+	for {
+		d.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // Describe implements prometheus.Collector.
 func (d *SlurmDrain) Describe(ch chan<- *prometheus.Desc) {
 	ch <- slurmDrainedDesc
 	ch <- slurmReadOKDesc
 }
 
-// Collect implements prometheus.Collector. Without an answer from sinfo it
-// reports the read as failed and says nothing of the drain, rather than 0.
+// Collect implements prometheus.Collector, from sinfo's latest answer:
+// nothing before the first; after a failed read, the failure and nothing
+// of the drain, rather than 0.
 func (d *SlurmDrain) Collect(ch chan<- prometheus.Metric) {
-	state, err := d.latest()
-	if err != nil {
+	d.mu.Lock()
+	answered, state, err := d.answered, d.state, d.err
+	d.mu.Unlock()
+	switch {
+	case !answered:
+		return
+	case err != nil:
 		ch <- prometheus.MustNewConstMetric(slurmReadOKDesc, prometheus.GaugeValue, 0)
 		return
 	}
@@ -79,25 +101,21 @@ func (d *SlurmDrain) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(slurmDrainedDesc, prometheus.GaugeValue, 0, "")
 }
 
-// latest is sinfo's answer, at most MaxAge old. A failure is logged once
-// until sinfo answers again.
-func (d *SlurmDrain) latest() (slurm.NodeState, error) {
+// refresh asks sinfo once. A failure is logged once until sinfo answers
+// again.
+func (d *SlurmDrain) refresh(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	state, err := d.read(ctx)
+	cancel()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.at.IsZero() && time.Since(d.at) < d.cfg.MaxAge {
-		return d.state, d.err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
-	defer cancel()
-	d.state, d.err = d.read(ctx)
-	d.at = time.Now()
+	d.answered, d.state, d.err = true, state, err
 	switch {
-	case d.err != nil && !d.logged:
-		d.cfg.Logger.Error("Reading this node's state from Slurm failed", "node", d.cfg.Node, "err", d.err)
+	case err != nil && !d.logged:
+		d.cfg.Logger.Error("Reading this node's state from Slurm failed", "node", d.cfg.Node, "err", err)
 		d.logged = true
-	case d.err == nil && d.logged:
+	case err == nil && d.logged:
 		d.cfg.Logger.Info("Reading this node's state from Slurm works again", "node", d.cfg.Node)
 		d.logged = false
 	}
-	return d.state, d.err
 }

@@ -15,7 +15,7 @@ import (
 
 // TestSlurmDrain: gpu_orphan_slurm_node_drained is 1 with the reason only
 // for a drain that gpu-orphan set; a failed read says nothing of the drain;
-// one answer of sinfo serves scrapes for MaxAge.
+// scrapes read the latest answer and never ask sinfo themselves.
 func TestSlurmDrain(t *testing.T) {
 	const head = `
 # HELP gpu_orphan_slurm_node_drained 1 while Slurm keeps this node drained (or draining) with a reason that gpu-orphan's prolog or epilog set (it starts "gpu-orphan: "), with that reason; 0 when not drained by gpu-orphan.
@@ -47,13 +47,17 @@ gpu_orphan_slurm_read_success 0
 			reads := 0
 			d := NewSlurmDrain(SlurmConfig{Node: "n1", MaxAge: time.Hour, Logger: promslog.NewNopLogger()})
 			d.read = func(context.Context) (slurm.NodeState, error) { reads++; return tc.state, tc.err }
+			if err := testutil.CollectAndCompare(d, strings.NewReader("")); err != nil {
+				t.Fatalf("before sinfo answered: %v", err)
+			}
+			d.refresh(context.Background())
 			for range 3 {
 				if err := testutil.CollectAndCompare(d, strings.NewReader(tc.want)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			if reads != 1 {
-				t.Errorf("sinfo was asked %d times for 3 scrapes within MaxAge, want 1", reads)
+				t.Errorf("sinfo was asked %d times for 3 scrapes after one refresh, want 1", reads)
 			}
 			if problems, err := testutil.CollectAndLint(d); err != nil || len(problems) > 0 {
 				t.Errorf("lint: %v %v", problems, err)

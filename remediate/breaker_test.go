@@ -139,35 +139,8 @@ func startWorkloadAs(t *testing.T, bin string, cred *syscall.Credential, root st
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bin, "gpu-orphan-sim"), "run", "--root", root, "--gpu", strconv.Itoa(gpu),
 		"--mib", strconv.Itoa(mib), "--children", strconv.Itoa(children))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: cred}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w := &testenv.Workload{Cmd: cmd, PID: cmd.Process.Pid}
-	t.Cleanup(func() {
-		w.Kill()
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 2+children || f[0] != "ready" {
-		t.Fatalf("workload as uid %d: %q %v", cred.Uid, line, err)
-	}
-	for _, s := range f[2:] {
-		pid, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatalf("workload line %q", line)
-		}
-		w.Children = append(w.Children, pid)
-	}
-	w.Hold()
-	return w
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	return testenv.StartWorkloadCmd(t, cmd)
 }
 
 // hideContext runs hideContextMain as cred on the worker pid and returns

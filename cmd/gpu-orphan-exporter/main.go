@@ -44,7 +44,7 @@ func run() int {
 	slurmNode := app.Flag("slurm.node", "This node's name in Slurm, for --collector.slurm-drain. Default: the host name.").PlaceHolder("NAME").String()
 	slurmSinfo := app.Flag("slurm.sinfo", "The sinfo command, for --collector.slurm-drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin.").
 		Default("sinfo").String()
-	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How long one answer of sinfo serves scrapes (it asks slurmctld).").Default("30s"))
+	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How often to ask sinfo, in the background (it asks slurmctld); scrapes serve its latest answer.").Default("30s"))
 	backend := cli.AddBackendFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
@@ -61,6 +61,7 @@ func run() int {
 	logger := promslog.New(logConfig)
 
 	var extra []prometheus.Collector
+	var slurmRun func(context.Context)
 	if *slurmDrain {
 		sinfo, err := slurm.Look(*slurmSinfo, "--slurm.sinfo")
 		if err != nil {
@@ -74,7 +75,9 @@ func run() int {
 				return 2
 			}
 		}
-		extra = append(extra, exporter.NewSlurmDrain(exporter.SlurmConfig{Sinfo: sinfo, Node: name, MaxAge: *slurmMaxAge, Logger: logger}))
+		drain := exporter.NewSlurmDrain(exporter.SlurmConfig{Sinfo: sinfo, Node: name, MaxAge: *slurmMaxAge, Logger: logger})
+		slurmRun = drain.Run
+		extra = append(extra, drain)
 		logger.Info("Reporting whether Slurm drained this node because of gpu-orphan", "node", name, "sinfo", sinfo, "max_age", *slurmMaxAge)
 	}
 
@@ -102,6 +105,9 @@ func run() int {
 	first := loop.Refresh(ctx, false)
 	cli.LogSnapshot(logger, first)
 	go loop.Run(ctx)
+	if slurmRun != nil {
+		go slurmRun(ctx)
+	}
 	go cli.LogChanges(ctx, logger, loop)
 
 	handler, err := exporter.NewHandler(exporter.NewGatherer(exporter.NewRegistry(loop, logger, extra...), loop), *telemetryPath, logger)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,15 +170,8 @@ func TestCleanRefusedInAnotherPIDNamespace(t *testing.T) {
 		cmd := exec.Command(unshare, append(append([]string{"--pid", "--fork", testenv.Bin(t, "gpu-orphan")}, args...), extra...)...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		switch {
-		case errors.As(err, &exit):
-			return exit.ExitCode(), out.String()
-		case err != nil:
-			t.Fatal(err)
-		}
-		return 0, out.String()
+		code := testenv.ExitCode(t, cmd.Run())
+		return code, out.String()
 	}
 
 	code, out := unshared("--act")

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
@@ -26,43 +24,16 @@ const evilName = "\x1b[1A\x1b[2K\r  no suspect holders\x1b[8m"
 func TestPSEscapesProcessNames(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 1)
-	cmd := &exec.Cmd{
+	w := testenv.StartWorkloadCmd(t, &exec.Cmd{
 		Path: testenv.Bin(t, "gpu-orphan-sim"),
 		Args: []string{evilName, "run", "--root", root, "--gpu", "0", "--mib", "512", "--children", "1", "--child-comm", "\x1b[2J\x1b[H\x07"},
-		// Its own session, as a scheduler starts a job.
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-		Stderr:      os.Stderr,
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w := &testenv.Workload{Cmd: cmd, PID: cmd.Process.Pid}
-	t.Cleanup(func() {
-		w.Kill()
-		cmd.Process.Kill()
-		cmd.Wait()
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 3 || f[0] != "ready" {
-		t.Fatalf("workload said %q (%v)", line, err)
-	}
-	child, err := strconv.Atoi(f[2])
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Children = []int{child}
-	w.Hold()
-	if comm, _ := os.ReadFile("/proc/" + f[2] + "/comm"); string(comm) != "\x1b[2J\x1b[H\x07\n" {
+	child := w.Children[0]
+	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(child) + "/comm"); string(comm) != "\x1b[2J\x1b[H\x07\n" {
 		t.Fatalf("the worker's comm is %q", comm)
 	}
 	// The owner dies; the worker keeps its context.
-	cmd.Process.Kill()
-	cmd.Wait()
+	w.KillParent(t)
 
 	code, out, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "ps")
 	if code != 0 {

@@ -37,15 +37,8 @@ func runHook(t *testing.T, env []string, args ...string) (int, string) {
 	cmd.Env = append([]string{}, env...) // nil would be ours
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		return exit.ExitCode(), out.String()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return 0, out.String()
+	code := testenv.ExitCode(t, cmd.Run())
+	return code, out.String()
 }
 
 // jobCgroup is where slurmd's proctrack/cgroup (v1) puts a batch job.

@@ -22,15 +22,8 @@ func runBin(t *testing.T, args ...string) (int, string, string) {
 	cmd := exec.Command(testenv.Bin(t, "gpu-orphan"), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		return exit.ExitCode(), stdout.String(), stderr.String()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return 0, stdout.String(), stderr.String()
+	code := testenv.ExitCode(t, cmd.Run())
+	return code, stdout.String(), stderr.String()
 }
 
 // TestCleanNoSuchGPU: `clean --gpu 7` on a 2-GPU node names the GPUs it

@@ -1,9 +1,7 @@
 package testenv
 
 import (
-	"os"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -65,12 +63,7 @@ func KillGroup(pgid int, members ...*Held) bool {
 
 // groupOf is field 5 of /proc/PID/stat, 0 when it cannot be read.
 func groupOf(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	f := statFields(pid)
 	if len(f) < 3 {
 		return 0
 	}

@@ -136,3 +136,17 @@ func WaitGone(t testing.TB, pid int) {
 		return errors.Is(err, os.ErrNotExist)
 	})
 }
+
+// ExitCode is the exit status of a command that ran, from Run's or Wait's
+// error; a command that could not run fails the test.
+func ExitCode(t testing.TB, err error) int {
+	t.Helper()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return exit.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return 0
+}

@@ -174,8 +174,20 @@ const HelperFlag = "--helper"
 func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra ...string) *Workload {
 	t.Helper()
 	args := append([]string{"run", "--root", root, "--gpu", strconv.Itoa(gpu), "--mib", strconv.Itoa(mib), "--children", strconv.Itoa(children)}, extra...)
-	cmd := exec.Command(Bin(t, "gpu-orphan-sim"), args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return StartWorkloadCmd(t, exec.Command(Bin(t, "gpu-orphan-sim"), args...))
+}
+
+// StartWorkloadCmd is StartWorkload for a `gpu-orphan-sim run` command the
+// caller built (another argv[0], another user's credentials): it runs it
+// in a session of its own, reads its ready line (and its helper's, with
+// HelperFlag among its arguments), holds its processes, and kills them at
+// cleanup.
+func StartWorkloadCmd(t testing.TB, cmd *exec.Cmd) *Workload {
+	t.Helper()
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setsid = true
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +231,7 @@ func StartWorkload(t testing.TB, root string, gpu int, mib, children int, extra 
 			w.Children = append(w.Children, pid)
 		}
 	}
-	if slices.Contains(extra, HelperFlag) {
+	if slices.Contains(cmd.Args[1:], HelperFlag) {
 		line, err := out.ReadString('\n')
 		if err != nil {
 			t.Fatalf("workload printed no helper line: %v", err)
@@ -247,13 +259,23 @@ func (w *Workload) KillParent(t testing.TB) {
 
 // Alive reports whether pid exists and is not a zombie.
 func Alive(pid int) bool {
+	f := statFields(pid)
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// statFields are the fields of /proc/PID/stat after the command name,
+// from the state on (field 3); nil when the process is gone.
+func statFields(pid int) []string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return nil
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z'
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
 }
 
 // FreeAddr returns a loopback address with a free port.

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
+	"github.com/gpu-orphan/gpu-orphan/internal/slurm"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
@@ -365,14 +366,15 @@ func (c *cluster) must(t *testing.T, name string, args ...string) string {
 }
 
 // nodeState is the node's state and reason as sinfo prints them: "idle",
-// "drained", "mixed"...; the reason is "none" without one.
+// "drained", "mixed"...; the reason is "" without one (slurm.ParseNode, as
+// the exporter reads them).
 func (c *cluster) nodeState() (state, reason string, err error) {
 	out, err := c.run("sinfo", "-h", "-N", "-n", c.node, "-o", "%T|%E")
 	if err != nil {
 		return "", "", err
 	}
-	state, reason, _ = strings.Cut(strings.TrimSpace(out), "|")
-	return state, reason, nil
+	s, err := slurm.ParseNode(out)
+	return s.State, s.Reason, err
 }
 
 // waitIdle waits for the node to be idle: no job on it, not drained.
