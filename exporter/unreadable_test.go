@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,23 +206,8 @@ func openToAll(t *testing.T, dir string) {
 // copyBin copies bin into dir, executable by everyone.
 func copyBin(t *testing.T, bin, dir string) string {
 	t.Helper()
-	src, err := os.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
 	dst := filepath.Join(dir, filepath.Base(bin))
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(f, src); err != nil {
-		f.Close()
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, bin, dst, 0o755)
 	return dst
 }
 

@@ -94,13 +94,7 @@ func sharedBin(t *testing.T) string {
 	for name, src := range map[string]string{"gpu-orphan-sim": simBin(t), "helper": os.Args[0]} {
 		dst := filepath.Join(dir, name)
 		if err := os.Link(src, dst); err != nil {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o755); err != nil {
-				t.Fatal(err)
-			}
+			testenv.CopyExecutable(t, src, dst, 0o755)
 		}
 		if err := os.Chmod(dst, 0o755); err != nil {
 			t.Fatal(err)

@@ -192,13 +192,7 @@ func protectedHolder(t *testing.T, root string, gpu int) int {
 	// owner, and a symlink's name is nobody's executable.
 	bin := filepath.Join(t.TempDir(), "nv-hostengine")
 	if err := os.Link(os.Args[0], bin); err != nil {
-		b, err := os.ReadFile(os.Args[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bin, b, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		testenv.CopyExecutable(t, os.Args[0], bin, 0o755)
 	}
 	dev, err := os.Open(n.DevicePath(n.GPUs[gpu].Minor))
 	if err != nil {

@@ -160,13 +160,7 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(simBin(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(bin, "gpu-orphan-sim"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, simBin(t), filepath.Join(bin, "gpu-orphan-sim"), 0o755)
 	cmd := exec.Command(filepath.Join(bin, "gpu-orphan-sim"), "launch", "--root", root, "--gpu", "1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.StdoutPipe()

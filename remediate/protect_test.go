@@ -6,7 +6,6 @@ package remediate_test
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -151,21 +150,7 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 // owned by root, 0755.
 func installSim(t *testing.T, path string) string {
 	t.Helper()
-	src, err := os.Open(simBin(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, simBin(t), path, 0o755)
 	return path
 }
 

@@ -82,13 +82,7 @@ func TestDeprecatedRoleDispatcher(t *testing.T) {
 // it or in PATH, --role=dispatcher exits 1 and says what is missing.
 func TestDeprecatedRoleDispatcherMissing(t *testing.T) {
 	alone := filepath.Join(t.TempDir(), "gpu-orphan-remediator")
-	b, err := os.ReadFile(testenv.Bin(t, "gpu-orphan-remediator"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(alone, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, testenv.Bin(t, "gpu-orphan-remediator"), alone, 0o755)
 	cmd := exec.Command(alone, "--role=dispatcher", "--dispatch.targets-file=/nonexistent")
 	cmd.Env = append(os.Environ(), "PATH="+t.TempDir())
 	out, err := cmd.CombinedOutput()

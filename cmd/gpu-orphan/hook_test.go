@@ -59,9 +59,7 @@ func fakeScontrol(t *testing.T) (bin, args string) {
 	dir := t.TempDir()
 	bin, args = filepath.Join(dir, "scontrol"), filepath.Join(dir, "args")
 	script := "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > " + args + "\n"
-	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, bin, []byte(script))
 	return bin, args
 }
 

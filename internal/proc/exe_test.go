@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // exeHelperEnv makes this test binary, re-executed, a helper process
@@ -141,21 +142,7 @@ func sleepBin(t *testing.T) string {
 
 func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 	t.Helper()
-	src, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, from, to, mode)
 }
 
 func fileID(t *testing.T, path string) FileID {

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -149,4 +150,40 @@ func ExitCode(t testing.TB, err error) int {
 		t.Fatal(err)
 	}
 	return 0
+}
+
+// CopyExecutable copies the executable from to the new file to, with mode.
+// cp writes it, not this process: a test process that opened the file for
+// writing while another test forked would leave the descriptor in that
+// child until it execs, and running the copy in that window fails with
+// "text file busy" (golang.org/issue/22315), as parallel tests do.
+func CopyExecutable(t testing.TB, from, to string, mode os.FileMode) {
+	t.Helper()
+	if _, err := os.Lstat(to); err == nil {
+		t.Fatalf("copying %s: %s exists", from, to)
+	}
+	copyWith(t, exec.Command("cp", "--", from, to), to, mode)
+}
+
+// WriteExecutable writes a new executable (a script) at path, as
+// CopyExecutable copies one: through cp, never through a descriptor of
+// this process.
+func WriteExecutable(t testing.TB, path string, content []byte) {
+	t.Helper()
+	if _, err := os.Lstat(path); err == nil {
+		t.Fatalf("%s exists", path)
+	}
+	cmd := exec.Command("cp", "/dev/stdin", path)
+	cmd.Stdin = bytes.NewReader(content)
+	copyWith(t, cmd, path, 0o755)
+}
+
+func copyWith(t testing.TB, cp *exec.Cmd, to string, mode os.FileMode) {
+	t.Helper()
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(cp.Args, " "), err, out)
+	}
+	if err := os.Chmod(to, mode); err != nil {
+		t.Fatal(err)
+	}
 }
