@@ -47,6 +47,7 @@ func run() int {
 	cli.DurationVar(a.Flag("dispatch.window", "How long a node's turn under the fleet limit lasts, from its first remediation.").Default("1h"), &o.Dispatch.Window)
 	cli.DurationVar(a.Flag("dispatch.timeout", "Timeout of one request to a node agent.").Default("10s"), &o.Dispatch.Timeout)
 	cli.IntVar(a.Flag("dispatch.max-attempts", "Attempts to reach a node agent that is unreachable or answers 5xx (with backoff of 2s, 4s, ... up to 64s between them) before the alert's action is recorded as failed.").Default("8"), &o.Dispatch.MaxAttempts)
+	goRuntime := cli.AddRuntimeFlags(a)
 	var esc dispatcher.Escalate
 	a.Flag("escalate.taint", "Take a node out of scheduling when its GPU memory cannot be brought back: when the node agent's cleanup ends failed with an escalation (memory that no visible process holds), or an alert's last attempt ends with the memory held, the node gets the taint gpu-orphan.io/unreclaimable-memory=<GPU UUID>:NoSchedule and an Event (namespace default); the taint goes when a later cleanup of that GPU brings the memory back or the alert resolves. Never more than --dispatch.max-fraction of the known nodes carry it at once. Needs RBAC get and patch on nodes and create on events in namespace default; without it the refusal is logged and recorded, and the dispatcher goes on.").BoolVar(&esc.Taint)
 	a.Version(version.Print("gpu-orphan-dispatcher"))
@@ -59,6 +60,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-dispatcher: %s\n", err)
 		return 2
 	}
+	goRuntime.Apply()
 	// client-go's informers log through klog: into the same log.
 	klog.SetSlogLogger(o.Logger)
 

@@ -46,6 +46,7 @@ func run() int {
 		Default("sinfo").String()
 	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How often to ask sinfo, in the background (it asks slurmctld); scrapes serve its latest answer.").Default("30s"))
 	backend := cli.AddBackendFlags(app)
+	goRuntime := cli.AddRuntimeFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
 	app.Version(version.Print("gpu-orphan-exporter"))
@@ -58,6 +59,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: invalid --collector.interval %s: want a positive duration, such as 5s\n", *interval)
 		return cli.ExitUsage
 	}
+	procs := goRuntime.Apply()
 	logger := promslog.New(logConfig)
 
 	var extra []prometheus.Collector
@@ -90,7 +92,7 @@ func run() int {
 		return cli.ExitFailure
 	}
 	defer node.Driver.Close()
-	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", node.Driver.Name(), "interval", *interval)
+	logger.Info("Starting gpu-orphan-exporter", "version", version.Info(), "backend", node.Driver.Name(), "interval", *interval, "gomaxprocs", procs)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -40,6 +40,7 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 	a.Flag("node.name", "This node's name, as alerts carry it in the node label.").Default(hostname).StringVar(&o.NodeName)
 	cli.DurationVar(a.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s"), &o.Interval)
 	backend := cli.AddBackendFlags(a)
+	goRuntime := cli.AddRuntimeFlags(a)
 	remediation := remediateflag.AddRemediatorFlags(a)
 	def := limits.DefaultConfig()
 	cli.Float64Var(a.Flag("limit.rate", "Cleanups per hour on this node (token bucket).").Default(fmt.Sprint(def.Rate)), &o.Limits.Rate)
@@ -55,6 +56,7 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 		fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: %s\n", err)
 		return 2
 	}
+	goRuntime.Apply()
 	o.Backend = *backend
 	o.Decide = remediation.DecideConfig()
 	o.Act, o.Grace, o.VerifyTimeout = remediation.Act, remediation.Grace, remediation.VerifyTimeout

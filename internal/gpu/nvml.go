@@ -42,9 +42,20 @@ type NVMLDriver struct {
 
 var _ Driver = (*NVMLDriver)(nil)
 
+// NVMLOptions tune OpenNVML.
+type NVMLOptions struct {
+	// ReleaseZeroPages hands back the pages of zeros that nvmlInit wrote
+	// into libnvidia-ml's BSS (ReleaseZeroPages): 13 MiB on driver 580.
+	ReleaseZeroPages bool
+}
+
+// nvmlLibrary is the file name of NVML's library, as the loader maps it
+// (libnvidia-ml.so.1 resolves to libnvidia-ml.so.DRIVER_VERSION).
+const nvmlLibrary = "libnvidia-ml.so"
+
 // OpenNVML loads libnvidia-ml and initialises NVML. When that is impossible
 // (no library, no driver, no GPU) the error wraps ErrUnavailable.
-func OpenNVML(logger *slog.Logger) (d *NVMLDriver, err error) {
+func OpenNVML(logger *slog.Logger, opts NVMLOptions) (d *NVMLDriver, err error) {
 	// go-nvml calls straight into C; if anything on this path panics on a
 	// machine without the library, report the backend as unavailable.
 	defer func() {
@@ -61,6 +72,17 @@ func OpenNVML(logger *slog.Logger) (d *NVMLDriver, err error) {
 	driver, _ := lib.SystemGetDriverVersion()
 	version, _ := lib.SystemGetNVMLVersion()
 	d.logger.Info("NVML initialised", "driver_version", driver, "nvml_version", version)
+	// Before anything else may call NVML: see ReleaseZeroPages.
+	if opts.ReleaseZeroPages {
+		z, err := ReleaseZeroPages(nvmlLibrary)
+		if err != nil {
+			// Nothing was handed back, or what was is zeros still.
+			d.logger.Warn("Kept NVML's zero-filled memory", "err", err)
+		} else {
+			d.logger.Info("Handed back the pages of zeros that nvmlInit wrote into NVML's static memory",
+				"library", z.Library, "bss_bytes", z.Bytes, "released_bytes", z.Released, "kept_bytes", z.Unreleased)
+		}
+	}
 	return d, nil
 }
 

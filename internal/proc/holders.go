@@ -13,6 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MaxScanWorkers is the most goroutines one holder scan runs, however many
+// CPUs there are.
+const MaxScanWorkers = 8
+
 // ErrDenied is returned when a process's descriptors may not be read (not
 // root, no CAP_SYS_PTRACE): what it holds is unknown, not nothing.
 var ErrDenied = errors.New("permission denied reading the process's descriptors")
@@ -77,7 +81,7 @@ func (fs FS) ScanHolders(devs []Device) (HolderScan, error) {
 	// The scan is one statx per descriptor; spread the syscalls over the
 	// CPUs. Each worker takes the next PID, so a process with a huge fd
 	// table does not hold up the others.
-	workers := min(runtime.GOMAXPROCS(0), 8, len(pids)/256+1)
+	workers := min(runtime.GOMAXPROCS(0), MaxScanWorkers, len(pids)/256+1)
 	results := make([]scanner, workers)
 	var next atomic.Int64
 	var wg sync.WaitGroup

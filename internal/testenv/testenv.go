@@ -306,12 +306,19 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // build reports in the log fails the test.
 func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
 	t.Helper()
+	return DaemonCmd(t, exec.Command(bin, args...))
+}
+
+// DaemonCmd is Daemon for a command already made, with its own environment
+// for instance.
+func DaemonCmd(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	bin := cmd.Path
 	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

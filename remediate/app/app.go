@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -292,7 +293,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 	go func() { eng.Run(engCtx, drain); close(engDone) }()
 
 	logger.Info("Starting gpu-orphan-remediator", "version", version.Info(), "role", o.Role, "node", o.NodeName,
-		"act", o.Act, "policy", o.Decide.Policy, "store", o.StorePath)
+		"act", o.Act, "policy", o.Decide.Policy, "store", o.StorePath, "gomaxprocs", runtime.GOMAXPROCS(0))
 	server := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(server, o.Web, logger) }()
