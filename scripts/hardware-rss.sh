@@ -6,8 +6,10 @@
 # data (the BSS of libnvidia-ml), libcuda (which nvmlInit loads),
 # libnvidia-ml, libc, and the rest (Go's heap and runtime).
 #
-# Beside them, when BIN_DIR holds them, the same daemons with
-# --runtime.gomaxprocs=0 (Go's choice: every CPU) and the floor programs of
+# Beside them, when BIN_DIR holds them, the same daemons as they were
+# before issue 18's last changes (--runtime.gomaxprocs=0: every CPU;
+# --nvml.release-zero-pages=false: NVML's zeroed BSS kept) and the floor
+# programs of
 # scripts/rssfloor (floor-nvml, floor-promhttp, floor-promhttp_nvml: go
 # build -o BIN_DIR/floor-NAME scripts/rssfloor/NAME.go), the least that a
 # Go program reading NVML, serving promhttp, or both, holds on this node.
@@ -37,8 +39,9 @@ section "starting the exporter and the node agent on NVML, and what is beside th
 start exporter gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT}
 start agent gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db"
 if [ -x "$bin/floor-nvml" ]; then
-  start exporter-all-cpus gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT} --runtime.gomaxprocs=0
-  start agent-all-cpus gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db" --runtime.gomaxprocs=0
+  before=(--runtime.gomaxprocs=0 --nvml.release-zero-pages=false)
+  start exporter-before gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT} "${before[@]}"
+  start agent-before gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db" "${before[@]}"
   start floor-nvml floor-nvml
   start floor-promhttp floor-promhttp 127.0.0.1:{PORT}
   start floor-promhttp_nvml floor-promhttp_nvml 127.0.0.1:{PORT}
@@ -65,12 +68,14 @@ split() { # PID: resident MiB by what maps it
     /^Rss:/ { r[c] += $2 }
     END { for (c in r) printf "%s=%.1f ", c, r[c] / 1024 }' "/proc/$1/smaps"
 }
-for n in exporter agent exporter-all-cpus agent-all-cpus floor-nvml floor-promhttp floor-promhttp_nvml; do
+for n in exporter agent exporter-before agent-before floor-nvml floor-promhttp floor-promhttp_nvml; do
   p=${started[$n]:-}
   [ -n "$p" ] || continue
   if [ ! -d "/proc/$p" ]; then echo "$n: exited"; tail -3 "$out/$n.log"; continue; fi
   printf '%-20s %s| %s\n' "$n" "$(grep -E '^(VmRSS|VmHWM)' "/proc/$p/status" | tr -s ' \t\n' ' ')" "$(split "$p")"
 done
+echo "NVML's zeroed memory, as the daemons logged it:"
+grep -h "zeros" "$out/exporter.log" "$out/agent.log"
 section "the binaries"
 for b in gpu-orphan-exporter gpu-orphan-remediator floor-nvml floor-promhttp floor-promhttp_nvml; do
   [ -x "$bin/$b" ] && echo "$b: $(stat -c %s "$bin/$b") bytes"
