@@ -8,7 +8,7 @@
 #
 # Beside them, when BIN_DIR holds them, the same daemons as they were
 # before issue 18's last changes (--runtime.gomaxprocs=0: every CPU;
-# --nvml.release-zero-pages=false: NVML's zeroed BSS kept) and the floor
+# --no-nvml.release-zero-pages: NVML's zeroed BSS kept) and the floor
 # programs of
 # scripts/rssfloor (floor-nvml, floor-promhttp, floor-promhttp_nvml: go
 # build -o BIN_DIR/floor-NAME scripts/rssfloor/NAME.go), the least that a
@@ -39,7 +39,7 @@ section "starting the exporter and the node agent on NVML, and what is beside th
 start exporter gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT}
 start agent gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db"
 if [ -x "$bin/floor-nvml" ]; then
-  before=(--runtime.gomaxprocs=0 --nvml.release-zero-pages=false)
+  before=(--runtime.gomaxprocs=0 --no-nvml.release-zero-pages)
   start exporter-before gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT} "${before[@]}"
   start agent-before gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db" "${before[@]}"
   start floor-nvml floor-nvml
