@@ -46,6 +46,7 @@ func run() int {
 		Default("sinfo").String()
 	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How often to ask sinfo, in the background (it asks slurmctld); scrapes serve its latest answer.").Default("30s"))
 	backend := cli.AddBackendFlags(app)
+	backend.AddDaemonFlags(app)
 	goRuntime := cli.AddRuntimeFlags(app)
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)

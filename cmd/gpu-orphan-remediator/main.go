@@ -40,6 +40,7 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 	a.Flag("node.name", "This node's name, as alerts carry it in the node label.").Default(hostname).StringVar(&o.NodeName)
 	cli.DurationVar(a.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s"), &o.Interval)
 	backend := cli.AddBackendFlags(a)
+	backend.AddDaemonFlags(a)
 	goRuntime := cli.AddRuntimeFlags(a)
 	remediation := remediateflag.AddRemediatorFlags(a)
 	def := limits.DefaultConfig()

@@ -36,7 +36,8 @@ type Backend struct {
 	// ScanBytes: scan /proc/*/fd when a GPU's memory with no live owner
 	// exceeds it.
 	ScanBytes uint64
-	// ReleaseZeroPages: see gpu.NVMLOptions.
+	// ReleaseZeroPages: see gpu.NVMLOptions; only daemons set it
+	// (AddDaemonFlags).
 	ReleaseZeroPages bool
 }
 
@@ -52,11 +53,17 @@ func AddBackendFlags(a flagger) *Backend {
 		Default("/proc").StringVar(&b.ProcFS)
 	DurationVar(a.Flag("nvml.timeout", "Deadline for one read of every GPU through the driver; a hung call fails that read.").
 		Default("5s"), &b.DriverTimeout)
-	a.Flag("nvml.release-zero-pages", "After nvmlInit, hand back the pages of zeros that it wrote into libnvidia-ml's static memory (13 MiB of 13.2 on driver 580; NVML reads them as zeros again). The memory is read-only meanwhile, so a write by the driver's own thread stops the process at start-up rather than being lost. --no-nvml.release-zero-pages keeps them.").
-		Default("true").BoolVar(&b.ReleaseZeroPages)
 	BytesVar(a.Flag("scan.unowned-bytes", "Scan /proc/*/fd for holders of a GPU when its memory with no live owner exceeds this many bytes (or a size with a unit: 256MiB, 1GiB), even if NVML lists no dead PID.").
 		Default("256MiB"), &b.ScanBytes)
 	return b
+}
+
+// AddDaemonFlags registers what only a long-running reader of NVML wants:
+// --nvml.release-zero-pages. A command that exits in a second gains
+// nothing from it, and an epilog must not risk its fault.
+func (b *Backend) AddDaemonFlags(a flagger) {
+	a.Flag("nvml.release-zero-pages", "After nvmlInit, hand back the pages of zeros that it wrote into libnvidia-ml's static memory (13 MiB of 13.2 on driver 580; NVML reads them as zeros again). The memory is read-only meanwhile, so a write by the driver's own thread stops the process at start-up rather than being lost. --no-nvml.release-zero-pages keeps them.").
+		Default("true").BoolVar(&b.ReleaseZeroPages)
 }
 
 // Node is an opened backend: the driver, /proc, and a Taker over both.
