@@ -336,6 +336,12 @@ func TestProofOrphanedOwnerWithWorkers(t *testing.T) {
 	waitRecorded(t, url, 2)
 	orphan := testenv.StartWorkload(t, root, 1, 1024, 1)
 	orphan.KillParent(t)
+	// What is awaited here is time itself: the fork orphan's owner dead for
+	// --remediate.min-age (500ms) as the agent saw it die (one collector
+	// interval, 200ms, later at most), so that one plan takes both; an
+	// alert sooner leaves its worker to a later action, excluded as
+	// dead_owner_too_young (seen on a loaded machine).
+	time.Sleep(500*time.Millisecond + 200*time.Millisecond + 300*time.Millisecond)
 
 	a := alertAndWait(t, url, root, 1, fp(133))
 	if a.State != remediate.StateSucceeded {
