@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,14 +67,7 @@ func TestRuntimeGOMAXPROCS(t *testing.T) {
 			}
 			testenv.DaemonCmd(t, cmd)
 			url := "http://" + addr + "/metrics"
-			testenv.Eventually(t, 30*time.Second, url+" to serve", func() bool {
-				resp, err := http.Get(url)
-				if err != nil {
-					return false
-				}
-				resp.Body.Close()
-				return resp.StatusCode == http.StatusOK
-			})
+			testenv.Eventually(t, 30*time.Second, url+" to serve", func() bool { return idleScrapeOnce(url) == nil })
 			_, mfs := testenv.Scrape(t, url)
 			got, ok := testenv.Value(mfs, "go_sched_gomaxprocs_threads", nil)
 			if !ok || got != c.want {
