@@ -64,7 +64,7 @@ func run() int {
 	var o options
 	app := kingpin.New("gpu-orphan-demo", help)
 	app.Version(version.Print("gpu-orphan-demo"))
-	app.HelpFlag.Short('h')
+	cli.HelpOnStdout(app)
 	cli.EnumVar(app.Flag("backend", "sim (a simulated node) or nvml (the real driver).").Envar("BACKEND").Default(stack.BackendSim),
 		&o.backend, stack.BackendSim, stack.BackendNVML)
 	app.Flag("run.dir", "Configurations, token, data and logs.").Envar("RUN_DIR").Default(".run").StringVar(&o.dir)

@@ -51,7 +51,7 @@ func run() int {
 	var esc dispatcher.Escalate
 	a.Flag("escalate.taint", "Take a node out of scheduling when its GPU memory cannot be brought back: when the node agent's cleanup ends failed with an escalation (memory that no visible process holds), or an alert's last attempt ends with the memory held, the node gets the taint gpu-orphan.io/unreclaimable-memory=<GPU UUID>:NoSchedule and an Event (namespace default); the taint goes when a later cleanup of that GPU brings the memory back or the alert resolves. Never more than --dispatch.max-fraction of the known nodes carry it at once. Needs RBAC get and patch on nodes and create on events in namespace default; without it the refusal is logged and recorded, and the dispatcher goes on.").BoolVar(&esc.Taint)
 	a.Version(version.Print("gpu-orphan-dispatcher"))
-	a.HelpFlag.Short('h')
+	cli.HelpOnStdout(a)
 	if _, err := a.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-dispatcher: %s\n", cli.ParseError(a, err))
 		return 2

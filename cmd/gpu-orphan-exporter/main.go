@@ -51,7 +51,7 @@ func run() int {
 	logConfig := &promslog.Config{}
 	promslogflag.AddFlags(app, logConfig)
 	app.Version(version.Print("gpu-orphan-exporter"))
-	app.HelpFlag.Short('h')
+	cli.HelpOnStdout(app)
 	if _, err := app.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %s\n", cli.ParseError(app, err))
 		return 2

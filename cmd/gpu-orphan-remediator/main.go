@@ -48,7 +48,7 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 	cli.IntVar(a.Flag("limit.burst", "Token bucket size.").Default(fmt.Sprint(def.Burst)), &o.Limits.Burst)
 	cli.IntVar(a.Flag("limit.concurrency", "Cleanups running at once on this node.").Default(fmt.Sprint(def.MaxConcurrent)), &o.Limits.MaxConcurrent)
 	a.Version(version.Print("gpu-orphan-remediator"))
-	a.HelpFlag.Short('h')
+	cli.HelpOnStdout(a)
 	if _, err := a.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-remediator: %s\n", cli.ParseError(a, err))
 		return 2

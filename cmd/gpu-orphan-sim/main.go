@@ -78,7 +78,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	app := kingpin.New("gpu-orphan-sim", help)
 	app.Version(version.Print("gpu-orphan-sim"))
-	app.HelpFlag.Short('h')
+	cli.HelpOnStdout(app)
 	logConfig := &promslog.Config{Level: promslog.NewLevel(), Format: promslog.NewFormat()}
 	app.Flag(promslogflag.LevelFlagName, promslogflag.LevelFlagHelp).Default("info").
 		HintOptions(promslog.LevelFlagOptions...).SetValue(logConfig.Level)

@@ -28,7 +28,7 @@ func run(args []string) int {
 	app.Flag(promslogflag.FormatFlagName, promslogflag.FormatFlagHelp).Default("logfmt").
 		HintOptions(promslog.FormatFlagOptions...).SetValue(logConfig.Format)
 	app.Version(version.Print("gpu-orphan"))
-	app.HelpFlag.Short('h')
+	cli.HelpOnStdout(app)
 
 	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
 	psOutput := cli.Enum(ps.Flag("output", "Output format: table or json.").Short('o').Default("table"), "table", "json")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 
@@ -81,4 +82,15 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// HelpOnStdout gives app -h for --help and prints what a user asked to
+// read (--help, `help COMMAND`, --version) on standard output, as
+// Prometheus and node_exporter do, so that `gpu-orphan clean --help | grep
+// act` finds it. Errors stay on standard error: kingpin's own, and the
+// ParseError line that each main prints.
+func HelpOnStdout(app *kingpin.Application) {
+	app.HelpFlag.Short('h')
+	app.UsageWriter(os.Stdout)
+	app.ErrorWriter(os.Stderr)
 }
