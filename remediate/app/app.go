@@ -282,6 +282,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 	root := http.NewServeMux()
 	root.Handle("GET /actions", page)
 	root.Handle("GET /actions/{id}", page)
+	root.HandleFunc("GET /actions/{$}", ui.TrailingSlash)
 	root.Handle("POST /actions/login", login)
 	root.Handle("/", router)
 

@@ -193,6 +193,22 @@ func Handler(cfg Config) http.Handler {
 	})
 }
 
+// TrailingSlash answers /actions/ with a redirect to /actions, keeping the
+// query: the page lives at /actions (its links are relative to it), and
+// "/actions/" is what a person or a browser's completion often types.
+// The Location is relative ("../actions"), so that it holds behind a proxy
+// that serves the remediator under a path. It reveals nothing, so it needs
+// no authentication.
+func TrailingSlash(w http.ResponseWriter, r *http.Request) {
+	target := "../actions"
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	// Set by hand: http.Redirect would make the relative path absolute.
+	w.Header().Set("Location", target)
+	w.WriteHeader(http.StatusMovedPermanently)
+}
+
 // detail serves /actions/{id}.
 func (cfg Config) detail(w http.ResponseWriter, r *http.Request, id string) {
 	acts, err := cfg.Store.Actions(r.Context(), store.Filter{ID: id, Limit: 1})
