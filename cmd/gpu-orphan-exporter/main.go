@@ -45,6 +45,7 @@ func run() int {
 	slurmSinfo := app.Flag("slurm.sinfo", "The sinfo command, for --collector.slurm-drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin.").
 		Default("sinfo").String()
 	slurmMaxAge := cli.Duration(app.Flag("slurm.max-age", "How often to ask sinfo, in the background (it asks slurmctld); scrapes serve its latest answer.").Default("30s"))
+	processEvents := cli.ProcessEventsFlag(app).Bool()
 	backend := cli.AddBackendFlags(app)
 	backend.AddDaemonFlags(app)
 	goRuntime := cli.AddRuntimeFlags(app)
@@ -105,6 +106,7 @@ func run() int {
 			func() ([]byte, bool, error) { return statefile.Load(path) },
 			func(b []byte) error { return statefile.Save(path, b) })
 	}
+	extra = append(extra, cli.FollowForks(ctx, logger, loop, node.Proc, *processEvents))
 	first := loop.Refresh(ctx, false)
 	cli.LogSnapshot(logger, first)
 	go loop.Run(ctx)

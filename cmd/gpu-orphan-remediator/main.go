@@ -39,6 +39,7 @@ The fleet's single webhook target, which routes each alert to the agent of the n
 	cli.EnumVar(a.Flag("role", "node: act on this node. dispatcher (deprecated, for one release): run gpu-orphan-dispatcher with the other arguments.").Default(string(app.RoleNode)), &o.Role, app.RoleNode, app.RoleDispatcher)
 	a.Flag("node.name", "This node's name, as alerts carry it in the node label.").Default(hostname).StringVar(&o.NodeName)
 	cli.DurationVar(a.Flag("collector.interval", "How often to take a background snapshot, which measures how long memory has had no live owner.").Default("5s"), &o.Interval)
+	cli.ProcessEventsFlag(a).BoolVar(&o.ProcessEvents)
 	backend := cli.AddBackendFlags(a)
 	backend.AddDaemonFlags(a)
 	goRuntime := cli.AddRuntimeFlags(a)

@@ -3,6 +3,8 @@ package snapshot
 import (
 	"sync"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 )
 
 // Lineage is what a Loop remembers across snapshots, the evidence that one
@@ -16,6 +18,15 @@ type Lineage struct {
 	// descent maps each owner, as it lived on one GPU, to the processes
 	// seen descending from it while holding that GPU's device.
 	descent map[ownerKey]map[procKey]bool
+	// inherited maps each dead owner, on one GPU, to the holders proven
+	// its inheritors at fork (ProofDescentAtFork): what the fork record
+	// showed, kept after the record has pruned it and across restarts, and
+	// what `gpu-orphan clean` and the Slurm hooks read from the agent's
+	// store.
+	inherited map[ownerKey]map[procKey]bool
+	// forks is the fork record fed by the kernel's process events; nil
+	// where they are unavailable.
+	forks *forks.Record
 	// checked are descendants seen not holding a GPU's device: not read
 	// again while they live.
 	checked map[gpuProc]bool
@@ -50,6 +61,7 @@ func NewLineage() *Lineage {
 	return &Lineage{
 		owners:    newOwnerBook(0, 0),
 		descent:   map[ownerKey]map[procKey]bool{},
+		inherited: map[ownerKey]map[procKey]bool{},
 		checked:   map[gpuProc]bool{},
 		deadSince: map[gpuPID]time.Time{},
 	}
@@ -92,6 +104,55 @@ func (l *Lineage) descends(uuid string, owner, p procKey) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.descent[ownerKey{uuid, owner.pid, owner.start}][p]
+}
+
+// UseForks makes the lineage prove descent through rec, the fork record
+// that the kernel's process events feed.
+func (l *Lineage) UseForks(rec *forks.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forks = rec
+}
+
+// forkRecord returns the fork record, nil without one.
+func (l *Lineage) forkRecord() *forks.Record {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.forks
+}
+
+// wasInherited reports whether p was proven an inheritor of owner on a GPU
+// at fork, by this process or by the daemon whose state was restored.
+func (l *Lineage) wasInherited(uuid string, owner, p procKey) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inherited[ownerKey{uuid, owner.pid, owner.start}][p]
+}
+
+// recordInherited records that p was proven to inherit owner's context on
+// a GPU at fork.
+func (l *Lineage) recordInherited(uuid string, owner, p procKey) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := ownerKey{uuid, owner.pid, owner.start}
+	d := l.inherited[k]
+	if d == nil {
+		d = map[procKey]bool{}
+		l.inherited[k] = d
+	}
+	if !d[p] {
+		d[p] = true
+		l.gen++
+	}
 }
 
 // wasChecked reports whether p was seen not holding the GPU's device.
@@ -175,11 +236,13 @@ func (l *Lineage) update(s *Snapshot) {
 		}
 	}
 	// Descent is kept while its owner is remembered or listed dead.
-	for k := range l.descent {
-		_, known := l.owners.entries[k]
-		_, dead := l.deadSince[gpuPID{k.uuid, k.pid}]
-		if !known && !dead {
-			delete(l.descent, k)
+	for _, m := range []map[ownerKey]map[procKey]bool{l.descent, l.inherited} {
+		for k := range m {
+			_, known := l.owners.entries[k]
+			_, dead := l.deadSince[gpuPID{k.uuid, k.pid}]
+			if !known && !dead {
+				delete(m, k)
+			}
 		}
 	}
 }

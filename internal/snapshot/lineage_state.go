@@ -33,7 +33,10 @@ type lineageState struct {
 	Saved   time.Time      `json:"saved"`
 	Owners  []savedOwner   `json:"owners"`
 	Descent []savedDescent `json:"descent,omitempty"`
-	Dead    []savedDead    `json:"dead,omitempty"`
+	// Inherited are the holders proven inheritors at fork, in the same
+	// form as Descent.
+	Inherited []savedDescent `json:"inherited,omitempty"`
+	Dead      []savedDead    `json:"dead,omitempty"`
 }
 
 type savedOwner struct {
@@ -65,19 +68,26 @@ func (l *Lineage) MarshalState(bootID string) ([]byte, error) {
 		st.Owners = append(st.Owners, savedOwner{GPU: k.uuid, Identity: e.id, Listed: e.listed})
 	}
 	n := 0
-	for k, d := range l.descent {
-		sd := savedDescent{GPU: k.uuid, OwnerPID: k.pid, OwnerStart: k.startTime}
-		for p := range d {
-			if n >= maxStateDescendants {
-				break
+	save := func(m map[ownerKey]map[procKey]bool) []savedDescent {
+		var out []savedDescent
+		for k, d := range m {
+			sd := savedDescent{GPU: k.uuid, OwnerPID: k.pid, OwnerStart: k.startTime}
+			for p := range d {
+				if n >= maxStateDescendants {
+					break
+				}
+				sd.Procs = append(sd.Procs, [2]uint64{uint64(p.pid), p.start})
+				n++
 			}
-			sd.Procs = append(sd.Procs, [2]uint64{uint64(p.pid), p.start})
-			n++
+			if len(sd.Procs) > 0 {
+				out = append(out, sd)
+			}
 		}
-		if len(sd.Procs) > 0 {
-			st.Descent = append(st.Descent, sd)
-		}
+		return out
 	}
+	// The proven first: they are what the bound must not cut.
+	st.Inherited = save(l.inherited)
+	st.Descent = save(l.descent)
 	for k, t := range l.deadSince {
 		st.Dead = append(st.Dead, savedDead{GPU: k.uuid, PID: k.pid, Since: t})
 	}
@@ -112,20 +122,31 @@ func (l *Lineage) RestoreState(data []byte, bootID string) error {
 		}
 		owners[ownerKey{o.GPU, o.Identity.PID, o.Identity.StartTime}] = &ownerEntry{id: o.Identity, listed: o.Listed}
 	}
-	descent := map[ownerKey]map[procKey]bool{}
 	total := 0
-	for _, d := range st.Descent {
-		k := ownerKey{d.GPU, d.OwnerPID, d.OwnerStart}
-		if descent[k] == nil {
-			descent[k] = map[procKey]bool{}
-		}
-		for _, p := range d.Procs {
-			if p[0] == 0 || p[0] > 1<<22 { // PID_MAX_LIMIT
-				return fmt.Errorf("the state has a descendant with PID %d", p[0])
+	load := func(saved []savedDescent) (map[ownerKey]map[procKey]bool, error) {
+		out := map[ownerKey]map[procKey]bool{}
+		for _, d := range saved {
+			k := ownerKey{d.GPU, d.OwnerPID, d.OwnerStart}
+			if out[k] == nil {
+				out[k] = map[procKey]bool{}
 			}
-			descent[k][procKey{int(p[0]), p[1]}] = true
-			total++
+			for _, p := range d.Procs {
+				if p[0] == 0 || p[0] > 1<<22 { // PID_MAX_LIMIT
+					return nil, fmt.Errorf("the state has a descendant with PID %d", p[0])
+				}
+				out[k][procKey{int(p[0]), p[1]}] = true
+				total++
+			}
 		}
+		return out, nil
+	}
+	descent, err := load(st.Descent)
+	if err != nil {
+		return err
+	}
+	inherited, err := load(st.Inherited)
+	if err != nil {
+		return err
 	}
 	if total > maxStateDescendants {
 		return fmt.Errorf("the state has %d descendants, more than %d", total, maxStateDescendants)
@@ -136,7 +157,7 @@ func (l *Lineage) RestoreState(data []byte, bootID string) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.owners.entries, l.descent, l.deadSince = owners, descent, dead
+	l.owners.entries, l.descent, l.inherited, l.deadSince = owners, descent, inherited, dead
 	l.gen++
 	return nil
 }

@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
 
 // Loop takes a snapshot on an interval in the background, so that readers
@@ -30,11 +33,35 @@ type Loop struct {
 	ticked  chan struct{}
 	// persist, when set, saves the lineage (Persist).
 	persist *persister
+	// forks, when set, is the fork record fed by the process events: the
+	// exit of an owner or holder of the latest snapshot takes the next
+	// snapshot now (kick) rather than at the next tick.
+	forks *forks.Record
+	kick  chan struct{}
 }
+
+// kickGap bounds the snapshots that exits take: a few per second at most.
+const kickGap = 200 * time.Millisecond
 
 // NewLoop returns a Loop; call Run to start it.
 func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
-	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, lineage: NewLineage(), ticked: make(chan struct{})}
+	return &Loop{taker: t, interval: interval, orphanBytes: orphanBytes, since: map[string]time.Time{}, suspectSince: map[suspectKey]time.Time{}, lineage: NewLineage(), ticked: make(chan struct{}), kick: make(chan struct{}, 1)}
+}
+
+// FollowForks makes the loop prove descent through rec, and take a
+// snapshot as soon as an owner or holder of the latest one exits. Call it
+// before Run.
+func (l *Loop) FollowForks(rec *forks.Record) {
+	l.forks = rec
+	l.lineage.UseForks(rec)
+}
+
+// Kick asks for a snapshot now; kicks that arrive while one is due merge.
+func (l *Loop) Kick() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Run takes snapshots until ctx ends.
@@ -42,11 +69,20 @@ func (l *Loop) Run(ctx context.Context) {
 	tick := time.NewTicker(l.interval)
 	defer tick.Stop()
 	for {
+		last := time.Now()
 		l.Refresh(ctx, false)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-l.kick:
+			if wait := kickGap - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
 	}
 }
@@ -54,8 +90,37 @@ func (l *Loop) Run(ctx context.Context) {
 // Refresh takes one snapshot now, records it as the latest and returns it.
 func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
 	s := l.refresh(ctx, forceScan)
+	l.watch(s)
 	l.save()
 	return s
+}
+
+// watch tells the fork record which exits are worth a snapshot now (the
+// live owners and the holders of s) and which device nodes an exec is
+// checked against.
+func (l *Loop) watch(s *Snapshot) {
+	if l.forks == nil || len(s.GPUs) == 0 {
+		return
+	}
+	var keys []forks.Key
+	var devs []proc.Device
+	for _, g := range s.GPUs {
+		if d, err := l.taker.cfg.Driver.DeviceNode(g.Device.Minor); err == nil && g.Err == nil {
+			devs = append(devs, d)
+		}
+		for _, o := range g.Owners {
+			if o.Alive && o.Process != nil {
+				keys = append(keys, forks.Key{PID: int(o.PID), Start: o.Process.StartTime})
+			}
+		}
+		for _, h := range g.Holders {
+			keys = append(keys, forks.Key{PID: h.PID, Start: h.StartTime})
+		}
+	}
+	if len(devs) > 0 {
+		l.forks.SetDevices(devs)
+	}
+	l.forks.Watch(keys, func(forks.Key) { l.Kick() })
 }
 
 func (l *Loop) refresh(ctx context.Context, forceScan bool) *Snapshot {

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
@@ -42,6 +44,24 @@ func newLoop(t *testing.T, d testDriver) *Loop {
 	t.Helper()
 	taker := NewTaker(Config{Driver: d, Proc: procFS(t), ScanUnownedBytes: 256 * mib, ExcludePIDs: []int{os.Getpid()}})
 	return NewLoop(taker, time.Hour, 256*mib)
+}
+
+// followingLoop is newLoop with the fork record fed by the kernel's process
+// events, as the daemons run it; its first snapshot is taken, so that the
+// record knows the GPU's device node before the test's processes start.
+func followingLoop(t *testing.T, d testDriver) *Loop {
+	t.Helper()
+	loop := newLoop(t, d)
+	rec := forks.New(procFS(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler))
+	if !st.Up() {
+		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
+	}
+	loop.FollowForks(rec)
+	loop.Refresh(context.Background(), false)
+	return loop
 }
 
 func suspectOf(g GPU, pid int) (Holder, bool) {
@@ -97,43 +117,33 @@ func scriptedTrainer(t *testing.T, dev string) (trainer, worker int) {
 	return trainer, worker
 }
 
-// TestProofDescentRecorded: a trainer that leads neither its group nor its
-// session (a job script does) forks a worker and dies. Only a Loop that saw
-// the worker descend from the trainer while it lived can prove that the
-// worker holds its context; a snapshot taken after the death cannot, and
-// calls the worker unexplained: a missed orphan, never a wrong kill.
-func TestProofDescentRecorded(t *testing.T) {
+// TestProofDescentAtFork: a trainer that leads neither its group nor its
+// session (a job script does) forks a worker (which runs exec and keeps the
+// trainer's open file) and dies before any snapshot saw the worker. The
+// fork record proves that the worker holds the trainer's files; a snapshot
+// without it calls the worker unexplained and says why: a missed orphan,
+// never a wrong kill.
+func TestProofDescentAtFork(t *testing.T) {
 	nv := &switchable{}
 	d := newDriverFunc(t, nv.get)
 	dev := d.DevicePath(0)
+	loop := followingLoop(t, d)
 	trainer, worker := scriptedTrainer(t, dev)
-
-	loop := newLoop(t, d)
-	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
-	s := loop.Refresh(context.Background(), false)
-	if !s.GPUs[0].Owners[0].Alive {
-		t.Fatalf("the trainer %d is not a live owner: %+v", trainer, s.GPUs[0].Owners)
-	}
-	if n := loop.Lineage().RecordedDescendants(); n != 1 {
-		t.Errorf("recorded descendants = %d, want the worker", n)
-	}
 
 	syscall.Kill(trainer, syscall.SIGKILL)
 	testenv.Eventually(t, 5*time.Second, "the trainer to be reaped", func() bool { return !testenv.Alive(trainer) })
-	s = loop.Refresh(context.Background(), false)
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
+	s := loop.Refresh(context.Background(), false)
 	h, ok := suspectOf(s.GPUs[0], worker)
-	if !ok || h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofDescent || h.DeadOwner != trainer {
-		t.Errorf("with the recorded descent: worker %d is %+v, want inherited from %d by %s", worker, h, trainer, ProofDescent)
-	}
-	if o := s.GPUs[0].Owners[0]; o.Identity == nil || o.Identity.StartTime == 0 || o.DeadSince.IsZero() {
-		t.Errorf("the dead owner is not remembered and dated: %+v", o)
+	if !ok || h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofDescentAtFork || h.DeadOwner != trainer {
+		t.Errorf("with the fork record: worker %d is %+v, want inherited from %d by %s", worker, h, trainer, ProofDescentAtFork)
 	}
 
-	// Without the Loop's memory: the group and session are the live
+	// Without the fork record: the group and session are the live
 	// script's, and nothing else ties the worker to the trainer.
 	alone := take(t, d)
-	if h, _ := suspectOf(alone.GPUs[0], worker); h.Reason != ReasonUnexplained || h.Proof != NoProof {
-		t.Errorf("without the recorded descent: worker %d is %+v, want unexplained", worker, h)
+	if h, _ := suspectOf(alone.GPUs[0], worker); h.Reason != ReasonUnexplained || h.Proof != NoProofEventsUnavailable {
+		t.Errorf("without the fork record: worker %d is %+v, want unexplained, %s", worker, h, NoProofEventsUnavailable)
 	}
 }
 
@@ -169,6 +179,7 @@ func TestLiveHelperSharesFile(t *testing.T) {
 	nv := &switchable{}
 	d := newDriverFunc(t, nv.get)
 	dev := d.DevicePath(0)
+	loop := followingLoop(t, d)
 	inner := `exec 3<"$1"; ( "$0" & ); exec sleep 300`
 	script := exec.Command("sh", "-c", `exec 3<"$1"; "$0" & sh -c '`+inner+`' "$0" "$1" & wait`, os.Args[0], dev)
 	script.Env = testenv.MapperEnviron()
@@ -203,10 +214,10 @@ func TestLiveHelperSharesFile(t *testing.T) {
 	script.Wait()
 
 	nv.set(gpu0{usedMiB: 6354, procs: []nvml.ProcessInfo{listed(dead, 4000), listed(live, 2340)}})
-	s := take(t, d)
+	s := loop.Refresh(context.Background(), false)
 	g := s.GPUs[0]
-	if h, _ := suspectOf(g, worker); h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofProcessGroup {
-		t.Errorf("worker %d: %+v, want inherited through the dead trainer's group", worker, h)
+	if h, _ := suspectOf(g, worker); h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofDescentAtFork {
+		t.Errorf("worker %d: %+v, want inherited from the dead trainer at fork", worker, h)
 	}
 	if h, ok := suspectOf(g, helper); ok {
 		t.Errorf("the live trainer's helper %d is a suspect: %+v", helper, h)
@@ -226,8 +237,8 @@ func TestReusedPIDHoldingTheGPU(t *testing.T) {
 	d := newDriverFunc(t, nv.get)
 	dev := d.DevicePath(0)
 	// The owner is not a group leader, so its worker is proven by descent.
+	loop := followingLoop(t, d)
 	owner, worker := scriptedTrainer(t, dev)
-	loop := newLoop(t, d)
 	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(owner, 4706)}})
 	loop.Refresh(context.Background(), false)
 

@@ -28,30 +28,49 @@ const (
 	ReasonOrphaned = "orphaned"
 )
 
-// What proves that a holder inherited a dead owner's context (Holder.Proof).
+// What proves that a holder inherited a dead owner's context (Holder.Proof):
+// that it holds the owner's own open files of the device. Membership of the
+// owner's process group or session, or descent alone, proves nothing: a
+// pipeline partner, a process spawned into the session, or a child that ran
+// exec and opened the device itself hold files of their own.
 const (
-	// ProofDescent: a snapshot saw it descend from the owner, holding the
-	// GPU, while the owner lived (by PID and start time).
-	ProofDescent = "descent_recorded"
-	// ProofProcessGroup: it is in the process group the dead owner led,
-	// and started after the owner; a group's ID is not reused while it has
-	// members.
-	ProofProcessGroup = "process_group_of_dead_owner"
-	// ProofSession: the same for the session the dead owner led.
-	ProofSession = "session_of_dead_owner"
+	// ProofDescentAtFork: the kernel's fork events show it forked from the
+	// owner (or from a process forked from it, and so on), each after its
+	// parent, by PID and start time, and no process on that line ran exec
+	// since, unless it still shared its parent's open file of the GPU when
+	// it did: it holds the files the owner opened.
+	ProofDescentAtFork = "descent_at_fork"
 	// ProofSharesFile: it shares an open file of the device (kcmp) with a
 	// proven inheritor of the same dead owner.
 	ProofSharesFile = "shares_open_file_with_inheritor"
 )
 
-// Why an unexplained holder is not proven (Holder.Proof).
+// Why an unexplained holder is not proven (Holder.Proof). Each is a reason
+// not to signal it.
 const (
 	// NoProofStartedBefore: it started before every dead owner of the GPU,
 	// so it cannot have inherited from one.
 	NoProofStartedBefore = "started_before_dead_owner"
-	// NoProof: neither recorded descent, nor the dead owner's group or
-	// session, nor an open file shared with a proven inheritor.
+	// NoProof: nothing recorded ties it to a dead owner.
 	NoProof = "no_proof"
+	// NoProofEventsUnavailable: the kernel's process events were not
+	// available to record descent (not root or no CAP_NET_ADMIN, a network
+	// namespace other than the host's, no CONFIG_PROC_EVENTS), and no
+	// daemon that had them recorded this holder.
+	NoProofEventsUnavailable = "process_events_unavailable"
+	// NoProofNotAtFork: its descent was read from /proc (present before the
+	// daemon started, or after lost events), not seen at fork.
+	NoProofNotAtFork = "descent_not_seen_at_fork"
+	// NoProofExeced: it, or a process between it and the owner, ran exec
+	// since the fork and did not keep the inherited files.
+	NoProofExeced = "exec_since_fork"
+	// NoProofOwnerPIDReused: more than one dead process had the owner's
+	// PID, and which one NVML lists is not known.
+	NoProofOwnerPIDReused = "dead_owner_pid_reused"
+	// NoProofMembershipOnly: it is in the dead owner's process group or
+	// session, or was seen descending from it, but nothing shows it holds
+	// the owner's files. Shown to rank suspects; never signalled.
+	NoProofMembershipOnly = "membership_only"
 )
 
 // How a holder belongs to a live job (JobLink.How).

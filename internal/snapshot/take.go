@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 )
@@ -413,7 +414,7 @@ func (t *Taker) scanHolders(s *Snapshot, force bool, mem *Lineage) (bool, error)
 			g.HolderPIDs = pids
 			g.Holders = holders
 			g.Suspects = t.suspects(*g, holders, raw, mem)
-			t.recordInheritorsDescent(*g, dev, mem)
+			t.recordInheritorsDescent(*g, mem)
 		}
 	}
 	if s.FDScanDenied > 0 {
@@ -647,42 +648,71 @@ func (t *Taker) suspects(g GPU, holders []Holding, raw map[int]proc.Holding, mem
 	return out
 }
 
-// prove looks for what the kernel recorded that ties h to one of the dead
-// owners: it started after the owner, and either a Loop saw it descend
-// from the owner while the owner lived, or it is in the process group or
-// session that the owner led. A group or session ID is not given to a new
-// process while any member has it, so while the dead owner's PID is not
-// reused, membership means it was made under the owner.
+// prove looks for what the kernel recorded that shows h holds one dead
+// owner's own open files of the device: the fork record (descent at fork,
+// no exec since that dropped them), or the same proof recorded earlier (by
+// this daemon before a restart, or by the node agent whose state a command
+// reads). Group, session and descent seen by polling only rank a suspect:
+// they never make one a target.
 func (t *Taker) prove(uuid string, h Holding, dead []Owner, mem *Lineage) Holder {
 	hd := Holder{Process: h.Process, Reason: ReasonUnexplained, Proof: NoProof}
 	self := procKey{h.PID, h.StartTime}
+	rec := mem.forkRecord()
 	before := 0
+	why := ""
 	for _, o := range dead {
 		pid, id := int(o.PID), o.Identity
 		if id != nil && h.StartTime < id.StartTime {
 			before++
 			continue
 		}
-		proof := ""
-		switch {
-		case mem.descends(uuid, deadOwnerKey(o), self):
-			proof = ProofDescent
-		case o.ReusedBy != nil:
-			// The PID is someone else's now: its group is not the owner's.
-		case h.PGID == pid && (id == nil || id.PGID == pid):
-			proof = ProofProcessGroup
-		case h.SID == pid && (id == nil || id.SID == pid):
-			proof = ProofSession
-		}
-		if proof != "" {
-			hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, proof
+		if mem.wasInherited(uuid, deadOwnerKey(o), self) {
+			hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, ProofDescentAtFork
 			return hd
 		}
+		if rec != nil {
+			var ownerStart uint64
+			if id != nil {
+				ownerStart = id.StartTime
+			}
+			_, err := rec.Inherits(forks.Key{PID: h.PID, Start: h.StartTime}, pid, ownerStart)
+			if err == nil {
+				mem.recordInherited(uuid, deadOwnerKey(o), self)
+				hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, ProofDescentAtFork
+				return hd
+			}
+			if w := noProofFor(err); w != "" && why == "" {
+				why = w
+			}
+		}
+		if why == "" && (mem.descends(uuid, deadOwnerKey(o), self) ||
+			(o.ReusedBy == nil && (h.PGID == pid || h.SID == pid))) {
+			why = NoProofMembershipOnly
+		}
 	}
-	if len(dead) > 0 && before == len(dead) {
+	switch {
+	case len(dead) > 0 && before == len(dead):
 		hd.Proof = NoProofStartedBefore
+	case why != "":
+		hd.Proof = why
+	case rec == nil && len(dead) > 0:
+		hd.Proof = NoProofEventsUnavailable
 	}
 	return hd
+}
+
+// noProofFor names why the fork record proves nothing; "" when the holder
+// is simply not on the owner's line.
+func noProofFor(err error) string {
+	switch {
+	case errors.Is(err, forks.ErrNotAtFork):
+		return NoProofNotAtFork
+	case errors.Is(err, forks.ErrExeced):
+		return NoProofExeced
+	case errors.Is(err, forks.ErrAmbiguous):
+		return NoProofOwnerPIDReused
+	}
+	return ""
 }
 
 // deadOwnerKey names a dead owner for its descent records: by PID and start
@@ -695,10 +725,11 @@ func deadOwnerKey(o Owner) procKey {
 	return procKey{int(o.PID), 0}
 }
 
-// recordInheritorsDescent records the children of proven inheritors that
-// hold the device as inheritors of the same dead owner: a worker that forks
-// a replacement when it is told to stop passes the context on.
-func (t *Taker) recordInheritorsDescent(g GPU, dev proc.Device, mem *Lineage) {
+// recordInheritorsDescent keeps the proven inheritors (by fork, or by an
+// open file shared with one) as proven, so that the proof outlives the
+// fork record's pruning, a restart, and is there for the commands that read
+// the agent's state.
+func (t *Taker) recordInheritorsDescent(g GPU, mem *Lineage) {
 	if mem == nil {
 		return
 	}
@@ -706,13 +737,9 @@ func (t *Taker) recordInheritorsDescent(g GPU, dev proc.Device, mem *Lineage) {
 		if h.Reason != ReasonInheritedFromDeadOwner {
 			continue
 		}
-		o, ok := g.Owner(h.DeadOwner)
-		if !ok {
-			continue
+		if o, ok := g.Owner(h.DeadOwner); ok {
+			mem.recordInherited(g.Device.UUID, deadOwnerKey(o), procKey{h.PID, h.StartTime})
 		}
-		owner := deadOwnerKey(o)
-		mem.recordDescent(g.Device.UUID, owner, procKey{h.PID, h.StartTime}, true)
-		t.recordDescent(g.Device.UUID, owner, h.PID, dev, mem)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
@@ -184,9 +186,12 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	t.Helper()
 	end := "wait"
 	if zombie {
-		end = "exit 0"
+		// Its workers run exec: the creator lives until their execs were
+		// checked against its open files (the fork record), then exits.
+		end = "sleep 1; exit 0"
 	}
-	script := `exec 3<"$1"; for i in $(seq ` + strconv.Itoa(n) + `); do "$0" & done; ` + end
+	// No $(seq): a subshell of the session would be taken for a worker.
+	script := `exec 3<"$1"; for i in ` + strings.Repeat("x ", n) + `; do "$0" & done; ` + end
 	creator := exec.Command("sh", "-c", script, os.Args[0], dev)
 	creator.Env = testenv.MapperEnviron()
 	creator.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -210,7 +215,7 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 		workers = workers[:0]
 		pids, _ := fs.PIDs()
 		for _, p := range pids {
-			if st, err := fs.Process(p); err == nil && st.SID == pid && p != pid {
+			if st, err := fs.Process(p); err == nil && st.SID == pid && p != pid && st.Comm != "sleep" {
 				workers = append(workers, p)
 			}
 		}
@@ -276,6 +281,33 @@ func take(t *testing.T, d gpu.Driver) *Snapshot {
 	t.Helper()
 	taker := NewTaker(Config{Driver: d, Proc: procFS(t), ScanUnownedBytes: 256 * mib, ExcludePIDs: []int{os.Getpid()}})
 	return taker.Take(context.Background(), false)
+}
+
+// takeWith is take with what a Loop remembers.
+func takeWith(t *testing.T, d gpu.Driver, mem *Lineage) *Snapshot {
+	t.Helper()
+	taker := NewTaker(Config{Driver: d, Proc: procFS(t), ScanUnownedBytes: 256 * mib, ExcludePIDs: []int{os.Getpid()}})
+	return taker.TakeWith(context.Background(), false, mem)
+}
+
+// followedLineage is a Lineage whose fork record the kernel's process
+// events feed, checking execs against d's GPU 0, as the daemons run it.
+func followedLineage(t *testing.T, d testDriver) *Lineage {
+	t.Helper()
+	rec := forks.New(procFS(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler)); !st.Up() {
+		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
+	}
+	dev, err := d.DeviceNode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.SetDevices([]proc.Device{dev})
+	mem := NewLineage()
+	mem.UseForks(rec)
+	return mem
 }
 
 func suspectReasons(g GPU) map[int]string {
@@ -387,9 +419,10 @@ func TestAccountingFacts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := newDriver(t, gpu0{})
+			mem := followedLineage(t, d)
 			g0, w := tt.setup(t, d.DevicePath(0))
 			d = withGPU0(t, d, g0)
-			s := take(t, d)
+			s := takeWith(t, d, mem)
 			if !s.Healthy() {
 				t.Fatalf("unhealthy snapshot: %+v", s.Sources)
 			}

@@ -76,7 +76,10 @@ type Options struct {
 	// The node's cleanup.
 	Backend cli.Backend
 	// Interval is the background snapshot's, which runs the age clocks.
-	Interval      time.Duration
+	Interval time.Duration
+	// ProcessEvents follows the kernel's process events, the proof of
+	// descent at fork (cli.FollowForks).
+	ProcessEvents bool
 	Decide        decide.Config
 	Act           bool
 	Grace         time.Duration
@@ -177,7 +180,7 @@ func Run(ctx context.Context, o Options) error {
 	)
 	switch o.Role {
 	case RoleNode:
-		wire, release, err = nodeRole(ctx, o, metrics, logger)
+		wire, release, err = nodeRole(ctx, o, metrics, reg, logger)
 	case RoleDispatcher:
 		if o.Dispatcher == nil {
 			return errors.New("the dispatcher is its own binary: run gpu-orphan-dispatcher")

@@ -49,7 +49,7 @@ const lineageState = "lineage"
 // nodeRole opens the backend, and returns what wires the node's cleanup to
 // the store, and what closes the backend. The snapshot loop starts only
 // once wired, under ctx.
-func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog.Logger) (func(*store.Store) (Wiring, error), func(), error) {
+func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, reg prometheus.Registerer, logger *slog.Logger) (func(*store.Store) (Wiring, error), func(), error) {
 	opened, err := o.Backend.Open(logger)
 	if err != nil {
 		return nil, nil, err
@@ -69,6 +69,7 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, logger *slog
 		cli.KeepLineage(logger, loop, fs, "the store",
 			func() ([]byte, bool, error) { return st.GetState(ctx, lineageState) },
 			func(b []byte) error { return st.PutState(ctx, lineageState, b) })
+		reg.MustRegister(cli.FollowForks(ctx, logger, loop, fs, o.ProcessEvents))
 		loop.Refresh(ctx, false)
 		go loop.Run(ctx)
 		go func() {

@@ -63,7 +63,9 @@ const (
 // Target reasons that this package adds to the snapshot's suspect reasons.
 const (
 	// ReasonGroupMember: a member of a process group killed whole that
-	// holds no GPU itself.
+	// holds no GPU itself. No plan makes it any more (issue 22: a group is
+	// killed whole only when every member is a proven target); it names
+	// such targets in audit records written before.
 	ReasonGroupMember remediate.TargetReason = "process_group_member"
 	// ReasonDeviceHolder: under all-holders, a holder of the device node
 	// that is not a suspect (a live owner, for instance).
@@ -457,17 +459,16 @@ func (p Plan) GroupsToList() []int {
 // WithGroups applies the group rule to a plan that acts, and returns the
 // plan with whole groups; s and cfg are those the plan was made from, and
 // groups holds the members of GroupsToList's groups. A process group is
-// killed whole only when its leader is dead or is itself a target, and
-// every other live member is a target, or holds no GPU and may be touched.
-// A live leader that is not a target is a job script or shell the user
-// runs: its group is the user's, and only the targets in it are signalled.
-// A group missing from groups is not killed whole.
+// killed whole only when every live member is a proven target: a member
+// that is not (a job script, a helper, another user's process left in a
+// group whose leader exited) is never signalled for being in it, and the
+// targets are then signalled one by one through their pidfds. A group
+// missing from groups is not killed whole.
 func (p Plan) WithGroups(s *snapshot.Snapshot, cfg Config, groups map[int]Group) Plan {
 	if !p.Act || s == nil {
 		return p
 	}
 	cfg = cfg.withDefaults()
-	w := newWorld(s)
 	p.Targets = slices.Clone(p.Targets)
 	p.Groups, p.Notes = slices.Clone(p.Groups), slices.Clone(p.Notes)
 	targeted := map[int]bool{}
@@ -478,9 +479,8 @@ func (p Plan) WithGroups(s *snapshot.Snapshot, cfg Config, groups map[int]Group)
 		if pgid == cfg.Self.PGID || slices.Contains(p.Groups, pgid) {
 			continue
 		}
-		extra, note := groupExtras(cfg, w, groups, targeted, pgid)
-		if note != "" {
-			p.Notes = append(p.Notes, fmt.Sprintf("process group %d not killed whole: %s", pgid, note))
+		if note := groupNotWhole(groups, targeted, pgid); note != "" {
+			p.Notes = append(p.Notes, fmt.Sprintf("process group %d not killed whole, its targets signalled one by one: %s", pgid, note))
 			continue
 		}
 		for i := range p.Targets {
@@ -488,52 +488,29 @@ func (p Plan) WithGroups(s *snapshot.Snapshot, cfg Config, groups map[int]Group)
 				p.Targets[i].WholeGroup = true
 			}
 		}
-		for _, m := range extra {
-			targeted[m.PID] = true
-			p.Targets = append(p.Targets, remediate.Target{ProcessInfo: remediate.NewProcessInfo(m), Reason: ReasonGroupMember, WholeGroup: true})
-		}
 		p.Groups = append(p.Groups, pgid)
 	}
 	p.sort()
 	return p
 }
 
-// groupExtras returns the members of pgid that are not targets yet, or why
-// the group may not be killed whole.
-func groupExtras(cfg Config, w world, groups map[int]Group, targeted map[int]bool, pgid int) ([]proc.Process, string) {
+// groupNotWhole says why pgid may not be killed whole: a live member that
+// is not a target, or members that could not be listed. "" when every
+// member is a target.
+func groupNotWhole(groups map[int]Group, targeted map[int]bool, pgid int) string {
 	g, ok := groups[pgid]
 	if !ok {
-		return nil, "its members were not listed"
+		return "its members were not listed"
 	}
-	members, err := g.Members, g.Err
-	if err != nil {
-		return nil, fmt.Sprintf("listing its members: %v", err)
+	if g.Err != nil {
+		return fmt.Sprintf("listing its members: %v", g.Err)
 	}
-	for _, m := range members {
-		if m.PID == pgid && m.PGID == pgid && !targeted[m.PID] {
-			return nil, fmt.Sprintf("its leader %d (%s) is alive and not a target", m.PID, m.Comm)
+	for _, m := range g.Members {
+		if m.PGID == pgid && !targeted[m.PID] {
+			return fmt.Sprintf("member %d (%s) is not a proven target", m.PID, m.Comm)
 		}
 	}
-	var extra []proc.Process
-	for _, m := range members {
-		if m.PGID != pgid || targeted[m.PID] {
-			continue
-		}
-		if why := cfg.Rules().Why(m); why != "" {
-			return nil, fmt.Sprintf("member %d (%s) is %s", m.PID, m.Comm, why)
-		}
-		if w.liveOwner[m.PID] {
-			return nil, fmt.Sprintf("member %d (%s) is %s", m.PID, m.Comm, WhyOwnsLiveMemory)
-		}
-		if w.holder[m.PID] {
-			return nil, fmt.Sprintf("member %d (%s) holds a GPU and is not a target", m.PID, m.Comm)
-		}
-		if !w.allScanned {
-			return nil, fmt.Sprintf("member %d (%s) is not a target, and not every GPU's holders were scanned", m.PID, m.Comm)
-		}
-		extra = append(extra, m)
-	}
-	return extra, ""
+	return ""
 }
 
 func (p *Plan) sort() {

@@ -44,7 +44,7 @@ func inherited(p proc.Process) snapshot.Holder {
 }
 
 func inheritedFrom(owner int, p proc.Process) snapshot.Holder {
-	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: owner, Proof: snapshot.ProofDescent}
+	return snapshot.Holder{Process: p, Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: owner, Proof: snapshot.ProofDescentAtFork}
 }
 
 // unexplained maps the GPU without proof of inheritance.
@@ -198,7 +198,9 @@ func TestDecide(t *testing.T) {
 			wantGroups:  []int{100},
 		},
 		{
-			name:   "fork orphan by UUID, default policy: an idle member joins the group kill",
+			// Finding 3 of issue 22: an idle member (a helper, another
+			// user's process) is never signalled for being in the group.
+			name:   "fork orphan by UUID, default policy: an idle member keeps the group from being killed whole",
 			snap:   snap(forkOrphan()),
 			gpu:    "GPU-a",
 			cfg:    Config{MinAge: time.Minute, MinBytes: 256 * mib, Self: self},
@@ -206,10 +208,8 @@ func TestDecide(t *testing.T) {
 			wantTargets: map[int]remediate.TargetReason{
 				201: remediate.ReasonInheritedFromDeadOwner,
 				202: remediate.ReasonInheritedFromDeadOwner,
-				203: ReasonGroupMember,
 			},
-			wantWhole:  []int{201, 202, 203},
-			wantGroups: []int{100},
+			wantNote: "member 203",
 		},
 		{
 			name: "live owner on the same GPU is never targeted",
@@ -258,7 +258,7 @@ func TestDecide(t *testing.T) {
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      forkOrphanGroups(worker1, worker2, stranger),
 			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
-			wantNote:    "member 204 (python3) holds a GPU",
+			wantNote:    "member 204 (python3) is not a proven target",
 		},
 		{
 			name: "an idle member is not added while another GPU was not scanned",
@@ -271,7 +271,7 @@ func TestDecide(t *testing.T) {
 			cfg:         baseConfig(remediate.PolicyDeadOwner),
 			groups:      forkOrphanGroups(worker1, worker2, helper),
 			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
-			wantNote:    "not every GPU's holders were scanned",
+			wantNote:    "member 203 (tensorboard) is not a proven target",
 		},
 		{
 			name: "a protected member keeps its group",
@@ -281,7 +281,7 @@ func TestDecide(t *testing.T) {
 			groups: forkOrphanGroups(worker1, worker2,
 				proc.Process{PID: 205, PPID: 1, PGID: 100, SID: 50, StartTime: 1, Comm: "sshd", Cmdline: "sshd: alice"}),
 			wantTargets: map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner, 202: remediate.ReasonInheritedFromDeadOwner},
-			wantNote:    "member 205 (sshd) is protected",
+			wantNote:    "member 205 (sshd) is not a proven target",
 		},
 		{
 			name:        "a group that cannot be listed is not killed whole",
@@ -323,7 +323,7 @@ func TestDecide(t *testing.T) {
 				proc.Process{PID: 210, PPID: 1, PGID: 100, SID: 8999, StartTime: 9, Comm: "bash", Cmdline: "bash"}),
 			wantTargets:  map[int]remediate.TargetReason{201: remediate.ReasonInheritedFromDeadOwner},
 			wantExcluded: map[int]remediate.ExclusionReason{9000: exclude.WhySelf, 9001: exclude.WhyOwnGroup, 9002: exclude.WhyOwnSession},
-			wantNote:     "own_session",
+			wantNote:     "member 210 (bash) is not a proven target",
 		},
 		{
 			name: "PID 1 and kernel threads are excluded",
@@ -543,10 +543,8 @@ func TestDecide(t *testing.T) {
 			groups: listed(map[int][]proc.Process{390: {spawned, spawnAux}}),
 			wantTargets: map[int]remediate.TargetReason{
 				400: remediate.ReasonOrphaned,
-				401: ReasonGroupMember,
 			},
-			wantWhole:  []int{400, 401},
-			wantGroups: []int{390},
+			wantNote: "member 401",
 		},
 		{
 			name: "orphaned policy takes inherited suspects too when the problem holds",
@@ -683,7 +681,7 @@ func TestDecide(t *testing.T) {
 				201: remediate.ReasonInheritedFromDeadOwner,
 				202: remediate.ReasonInheritedFromDeadOwner,
 			},
-			wantNote: "its leader 100 (bash) is alive and not a target",
+			wantNote: "member 100 (bash) is not a proven target",
 		},
 		{
 			name: "an incomplete scan is never acted on",
@@ -818,9 +816,9 @@ func TestWithGroupsLeavesThePlanAlone(t *testing.T) {
 	s := snap(forkOrphan())
 	cfg := baseConfig(remediate.PolicyDeadOwner)
 	p := Decide(s, "0", cfg, now)
-	whole := p.WithGroups(s, cfg, forkOrphanGroups(worker1, worker2, helper))
-	if len(whole.Targets) != 3 || !slices.Equal(whole.Groups, []int{100}) {
-		t.Fatalf("with groups: targets %v, groups %v; want 201, 202 and the idle 203, group 100", whole.Targets, whole.Groups)
+	whole := p.WithGroups(s, cfg, forkOrphanGroups(worker1, worker2))
+	if len(whole.Targets) != 2 || !slices.Equal(whole.Groups, []int{100}) || !whole.Targets[0].WholeGroup {
+		t.Fatalf("with groups: targets %v, groups %v; want 201 and 202, group 100 whole", whole.Targets, whole.Groups)
 	}
 	if len(p.Targets) != 2 || p.Targets[0].WholeGroup || len(p.Groups) != 0 {
 		t.Errorf("the plan WithGroups was given changed: %+v", p)

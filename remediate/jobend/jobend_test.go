@@ -74,9 +74,9 @@ func node() *snapshot.Snapshot {
 			{Process: stranger, Mapped: true},
 		},
 		Suspects: []snapshot.Holder{
-			{Process: workers[0], Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 100, Proof: snapshot.ProofProcessGroup},
-			{Process: workers[1], Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 100, Proof: snapshot.ProofProcessGroup},
-			{Process: escaped, Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 300, Proof: snapshot.ProofDescent},
+			{Process: workers[0], Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 100, Proof: snapshot.ProofDescentAtFork},
+			{Process: workers[1], Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 100, Proof: snapshot.ProofDescentAtFork},
+			{Process: escaped, Reason: snapshot.ReasonInheritedFromDeadOwner, DeadOwner: 300, Proof: snapshot.ProofDescentAtFork},
 			{Process: stranger, Reason: snapshot.ReasonUnexplained, Proof: snapshot.NoProof},
 		},
 	}
@@ -140,7 +140,7 @@ func TestPlan(t *testing.T) {
 		t.Errorf("dead owners %v, want the job's 100 and 300 (not 500, whose context nothing of the job holds)", got)
 	}
 	if len(p.Notes) != 2 || !strings.Contains(p.Notes[0], "3 of its processes hold the GPU (2 by its cgroup, 1 by recorded descent)") ||
-		!strings.Contains(p.Notes[1], "PID 301: holds the context of dead PID 300 of job 81234 (descent_recorded") {
+		!strings.Contains(p.Notes[1], "PID 301: holds the context of dead PID 300 of job 81234 (descent_at_fork") {
 		t.Errorf("notes %q", p.Notes)
 	}
 	if p.Before.UsedBytes != 10<<30 || !p.Before.At.Equal(now) {

@@ -370,6 +370,10 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 				continue
 			}
 			known[m.PID] = true
+			if !forkedByTarget(m, targets) {
+				l.logger().Warn("Late group member left alone: no target forked it", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "ppid", m.PPID)
+				continue
+			}
 			why := fixed(m)
 			if why == "" {
 				why = excluded(m)
@@ -382,6 +386,46 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 		}
 	}
 	return late
+}
+
+// forkedByTarget reports whether m was forked by a target of its group:
+// its parent is one (it started after it), or its parent is gone and it
+// started after the group's first target. The group is killed whole only
+// when every member the plan saw was a target, so a newcomer comes from
+// one of them.
+func forkedByTarget(m proc.Process, targets []remediate.Target) bool {
+	first := uint64(0)
+	for _, t := range targets {
+		if t.PGID != m.PGID {
+			continue
+		}
+		if t.PID == m.PPID {
+			return m.StartTime >= t.StartTime
+		}
+		if first == 0 || t.StartTime < first {
+			first = t.StartTime
+		}
+	}
+	if first == 0 || m.StartTime < first {
+		return false
+	}
+	for _, t := range targets {
+		if t.PID == m.PPID {
+			return false
+		}
+	}
+	// Its parent is not a target: only when that parent is gone (m was
+	// reparented to init or a subreaper) can it have been a target.
+	return !processAlive(m.PPID)
+}
+
+// processAlive reports whether pid names a process (any, even a zombie).
+func processAlive(pid int) bool {
+	if pid <= 1 {
+		return false
+	}
+	err := unix.Kill(pid, 0)
+	return err == nil || err == unix.EPERM
 }
 
 // wait polls the pidfd until the process exits, deadline passes, or ctx

@@ -1,0 +1,105 @@
+package procevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// A real child: its fork, exec and exit arrive, with our PID as the parent.
+func TestListenRealChild(t *testing.T) {
+	l, err := Listen()
+	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
+		t.Skipf("not root: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan []Event, 64)
+	go func() {
+		var buf []Event
+		for {
+			var err error
+			buf, err = l.Receive(buf[:0])
+			if err != nil && !errors.Is(err, ErrLost) {
+				close(got)
+				return
+			}
+			got <- append([]Event(nil), buf...)
+		}
+	}()
+	cmd := exec.Command("sleep", "0.05")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	child := cmd.Process.Pid
+	seen := map[Kind]bool{}
+	deadline := time.After(10 * time.Second)
+	for !seen[Fork] || !seen[Exec] || !seen[Exit] {
+		select {
+		case evs, ok := <-got:
+			if !ok {
+				t.Fatal("the listener stopped")
+			}
+			for _, e := range evs {
+				if e.PID != child {
+					continue
+				}
+				if e.Kind == Fork && e.ParentPID != os.Getpid() {
+					t.Errorf("fork of %d: parent %d, want %d", child, e.ParentPID, os.Getpid())
+				}
+				if e.Thread() {
+					t.Errorf("%v of %d is a thread's: TID %d", e.Kind, child, e.TID)
+				}
+				seen[e.Kind] = true
+			}
+		case <-deadline:
+			t.Fatalf("timed out; seen %v for child %d", seen, child)
+		}
+	}
+}
+
+func TestParse(t *testing.T) {
+	msg := func(kind Kind, fields ...uint32) []byte {
+		b := make([]byte, cnMsgLen+procEventHdrLen+4*len(fields))
+		ne := binary.NativeEndian
+		ne.PutUint32(b[0:], cnIdxProc)
+		ne.PutUint32(b[4:], cnValProc)
+		ne.PutUint16(b[16:], uint16(procEventHdrLen+4*len(fields)))
+		ne.PutUint32(b[cnMsgLen:], uint32(kind))
+		for i, f := range fields {
+			ne.PutUint32(b[cnMsgLen+procEventHdrLen+4*i:], f)
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want Event
+		ok   bool
+	}{
+		{"fork", msg(Fork, 10, 10, 12, 12), Event{Kind: Fork, ParentPID: 10, TID: 12, PID: 12}, true},
+		{"thread", msg(Fork, 10, 10, 13, 10), Event{Kind: Fork, ParentPID: 10, TID: 13, PID: 10}, true},
+		{"exec", msg(Exec, 12, 12), Event{Kind: Exec, TID: 12, PID: 12}, true},
+		{"exit", msg(Exit, 14, 12, 0, 17, 1, 1), Event{Kind: Exit, TID: 14, PID: 12}, true},
+		{"uid change dropped", msg(0x4, 12, 12, 0, 0), Event{}, false},
+		{"short", msg(Fork, 10, 10)[:cnMsgLen+procEventHdrLen+8], Event{}, false},
+		{"truncated", []byte{1, 0, 0}, Event{}, false},
+		{"other connector", func() []byte { b := msg(Exec, 1, 1); b[0] = 9; return b }(), Event{}, false},
+		{"length past the data", func() []byte { b := msg(Exec, 1, 1); b[16] = 200; return b }(), Event{}, false},
+	} {
+		got, ok := Parse(tc.b)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%s: Parse = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte{1, 0, 0, 0, 1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) { Parse(b) })
+}
