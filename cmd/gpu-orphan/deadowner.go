@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -39,24 +41,55 @@ type deadOwnerKey struct {
 	pid  uint32
 }
 
+// askTimeout bounds the question to the exporter.
+const askTimeout = 3 * time.Second
+
 // deadOwners reads gpu_orphan_dead_owner_info from the exporter at url. An
-// error says the exporter could not be asked.
+// error is one plain sentence for the table: why the exporter could not be
+// asked, its cause in a few words, and what to do.
 func deadOwners(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwner, error) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err == nil && req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		err = errors.New("it needs http:// or https://")
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--exporter.url %q is not a URL (%s); give gpu-orphan-exporter's, such as %s", url, briefCause(err), defaultExporterURL)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("no exporter answers at %s (%s); start gpu-orphan-exporter, or pass --exporter.url", url, briefCause(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", url, resp.Status)
+		return nil, fmt.Errorf("%s answered %s, not metrics; pass gpu-orphan-exporter's metrics URL as --exporter.url", url, resp.Status)
 	}
-	return parseDeadOwners(io.LimitReader(resp.Body, 64<<20))
+	owners, err := parseDeadOwners(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s serves no Prometheus metrics (%s); pass gpu-orphan-exporter's metrics URL as --exporter.url", url, briefCause(err))
+	}
+	return owners, nil
+}
+
+// briefCause is err's root cause in a few words ("connection refused",
+// "no such host"), without the layers that Go's HTTP client wraps around
+// it (Get "URL": dial tcp ADDR: connect: ...).
+func briefCause(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Sprintf("no answer within %s", askTimeout)
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return dns.Err + ": " + dns.Name
+	}
+	for {
+		inner := errors.Unwrap(err)
+		if inner == nil {
+			return err.Error()
+		}
+		err = inner
+	}
 }
 
 func parseDeadOwners(r io.Reader) (map[deadOwnerKey]ReportDeadOwner, error) {
@@ -114,7 +147,7 @@ func nameDeadOwners(ctx context.Context, r *Report, url string) {
 			case url == "":
 				d = ReportDeadOwner{Unknown: "unknown (--exporter.url is empty)"}
 			case askErr != nil:
-				d = ReportDeadOwner{Unknown: fmt.Sprintf("unknown (no exporter to ask: %v)", askErr)}
+				d = ReportDeadOwner{Unknown: "unknown: " + askErr.Error()}
 			case !ok:
 				d = ReportDeadOwner{Unknown: "unknown (the exporter does not list it yet)"}
 			}
