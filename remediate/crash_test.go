@@ -171,7 +171,6 @@ func TestCrashAtEveryStep(t *testing.T) {
 			uuid := gpuUUID(t, root, 1)
 			orphan := testenv.StartWorkload(t, root, 1, 2662, 2, "--ignore-sigterm")
 			bystander := testenv.StartWorkload(t, root, 1, 1024, 1) // a healthy job on the same GPU
-			orphan.KillParent(t)
 			storePath := filepath.Join(t.TempDir(), "r.db")
 			pauseFile := filepath.Join(t.TempDir(), "paused")
 			env := []string{"GPU_ORPHAN_PAUSE_AT=" + step, "GPU_ORPHAN_PAUSE_FILE=" + pauseFile}
@@ -185,6 +184,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				grace = "--remediate.grace=1s"
 			}
 			first := startAgentBin(t, pausable, env, root, storePath, "--act", grace)
+			orphan.KillParent(t)
 			fingerprint := fp(300 + i)
 			startsAt := time.Now().Add(-time.Minute)
 			body := payload(alert("firing", "node-a", uuid, fingerprint, startsAt))

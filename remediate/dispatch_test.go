@@ -20,12 +20,17 @@ func TestDispatcherRoutesAndLimits(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
 	rootA, rootB := testenv.SimNode(t, 2), testenv.SimNode(t, 2)
+	var jobs []*testenv.Workload
 	for _, root := range []string{rootA, rootB} {
-		w := testenv.StartWorkload(t, root, 1, 1024, 1)
-		w.KillParent(t)
+		jobs = append(jobs, testenv.StartWorkload(t, root, 1, 1024, 1))
 	}
+	// The agents run before the jobs die, as on a node: they see the owners
+	// alive with their workers.
 	urlA, _ := startAgent(t, rootA, filepath.Join(t.TempDir(), "a.db"), "--node.name=node-a")
 	urlB, _ := startAgent(t, rootB, filepath.Join(t.TempDir(), "b.db"), "--node.name=node-b")
+	for _, w := range jobs {
+		w.KillParent(t)
+	}
 
 	targets := filepath.Join(t.TempDir(), "targets.json")
 	b, _ := json.Marshal(map[string]string{"node-a": urlA, "node-b": urlB})

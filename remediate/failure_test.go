@@ -26,10 +26,10 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	// it survives SIGTERM and SIGKILL, its context open, as a process stuck
 	// in the kernel does.
 	holdAtExit(t, w.Children[0])
-	w.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.verify-timeout=2s",
 		"--limit.breaker-failures=1", "--limit.cooldown=0s")
+	w.KillParent(t)
 	startsAt := time.Now().Add(-time.Minute)
 	if code, body := post(t, url, token, payload(alert("firing", "node-a", uuid, fp(20), startsAt))); code != http.StatusOK {
 		t.Fatalf("post: %d %s", code, body)

@@ -158,10 +158,10 @@ func TestLoadIntakeBurst(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
-	w.KillParent(t)
 	storePath := filepath.Join(t.TempDir(), "r.db")
 	// Info level: the debug log of 10,000 requests would only cost time.
 	agentURL, _ := startAgent(t, root, storePath, "--collector.interval=1s", "--log.level=info")
+	w.KillParent(t)
 
 	startsAt := time.Now().Add(-time.Minute).UTC()
 	key := func(base, i int) alertKey { return alertKey{fp(base + i), startsAt} }
@@ -859,8 +859,8 @@ func TestStoreFull(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
-	w.KillParent(t)
 	agentURL, _ := startAgent(t, root, filepath.Join(dir, "r.db"))
+	w.KillParent(t)
 	startsAt := time.Now().Add(-time.Minute)
 
 	ballast := filepath.Join(dir, "ballast")
@@ -926,8 +926,8 @@ func TestUnhealthySnapshotNeverSignals(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 2)
-	w.KillParent(t)
 	agentURL, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
+	w.KillParent(t)
 	startsAt := time.Now().Add(-time.Minute)
 	signals := func() float64 {
 		return metricValue(t, agentURL, "gpu_orphan_remediator_signals_total", map[string]string{"signal": "SIGTERM"}) +

@@ -228,9 +228,9 @@ func TestWebhookCleansForkOrphan(t *testing.T) {
 	orphan := testenv.StartWorkload(t, root, 1, 6144, 2, "--ignore-sigterm")
 	bystander := testenv.StartWorkload(t, root, 1, 1024, 1) // owns live memory on the same GPU
 	protected := protectedHolder(t, root, 1)                // DCGM's host engine holding the device node
-	orphan.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
+	orphan.KillParent(t)
 	if code, body := post(t, url, "", payload(alert("firing", "node-a", uuid, fp(1), time.Now()))); code != http.StatusUnauthorized {
 		t.Fatalf("no token: %d %s", code, body)
 	}
@@ -283,8 +283,8 @@ func TestDuplicatesActOnce(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
-	w.KillParent(t)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"))
+	w.KillParent(t)
 
 	startsAt := time.Now().Add(-time.Minute)
 	body := payload(alert("firing", "node-a", uuid, fp(2), startsAt))

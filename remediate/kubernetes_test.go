@@ -32,8 +32,8 @@ func TestDispatcherKubernetesDiscovery(t *testing.T) {
 	const ns, service = "gpu-orphan", "gpu-orphan-node"
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
-	w.KillParent(t)
 	agent, _ := startAgent(t, root, filepath.Join(t.TempDir(), "a.db"), "--node.name=node-a")
+	w.KillParent(t)
 	u, err := url.Parse(agent)
 	if err != nil {
 		t.Fatal(err)

@@ -38,9 +38,8 @@ func TestProofDaemonStartedBefore(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	daemon := testenv.StartScript(t, fmt.Sprintf("exec %s launch --root %s --gpu 1", simBin(t), root)).Line(t, "launcher").PID
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -65,9 +64,8 @@ func TestProofLauncherOfLiveRank(t *testing.T) {
 	launcher := s.Line(t, "launcher").PID
 	rank := s.Ready(t)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -87,9 +85,8 @@ func TestProofHelperOfHealthyTrainer(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	healthy := testenv.StartWorkload(t, root, 1, 1024, 1, testenv.HelperFlag)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -135,7 +132,6 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 	}
 	root := testenv.SimNode(t, 2)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 	// nobody must reach the node's device files.
 	for dir := root; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
 		if err := os.Chmod(dir, 0o755); err != nil {
@@ -178,7 +174,7 @@ func TestProofAnotherUsersMapper(t *testing.T) {
 	}
 	stranger := cmd.Process.Pid
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -200,9 +196,8 @@ func TestProofMPS(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	mps := testenv.StartScript(t, fmt.Sprintf("exec %s mps --root %s --gpu 1 --control-comm gpu-watchd", simBin(t), root)).Ready(t)
 	client := testenv.StartWorkload(t, root, 1, 2048, 2)
-	client.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { client.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}

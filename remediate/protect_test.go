@@ -25,14 +25,13 @@ func TestProtectRenamedWorkerIsCleaned(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2, "--child-comm", "systemd-worker")
-	orphan.KillParent(t)
 	for _, pid := range orphan.Children {
 		if p := readProcess(t, pid); p.Comm != "systemd-worker" || p.Exe.Name() != "gpu-orphan-sim" {
 			t.Fatalf("worker %d: comm %q, exe %q; want systemd-worker running gpu-orphan-sim", pid, p.Comm, p.Exe.Path)
 		}
 	}
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s (excluded %+v)", a.State, a.Reason, a.Excluded)
 	}
@@ -97,7 +96,6 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 	pAgent := orphan(agent, 128)
 	pUsers := orphan(usersCopy, 2048)
 	ordinary := testenv.StartWorkload(t, root, 1, 2048, 1)
-	ordinary.KillParent(t)
 
 	// The upgrades, after the daemons started.
 	reinstallSim(t, hostengine)
@@ -118,7 +116,7 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 		}
 	}
 
-	a, _ := cleanGPU(t, root, 1, "--act", "--remediate.protect="+listed, "--remediate.protect="+agent)
+	a, _ := cleanGPUAfter(t, root, 1, func() { ordinary.KillParent(t) }, "--act", "--remediate.protect="+listed, "--remediate.protect="+agent)
 	if a.State != remediate.StateSucceeded || !strings.HasPrefix(a.Reason, "other holders remain") {
 		t.Errorf("action %s (%s), want succeeded with other holders remaining", a.State, a.Reason)
 	}

@@ -33,6 +33,16 @@ func cleanGPU(t *testing.T, root string, gpu int, flags ...string) (remediate.Ac
 	return alertAndWait(t, url, root, gpu, fp(100+gpu)), url
 }
 
+// cleanGPUAfter is cleanGPU with the agent started before kill runs: it
+// sees the jobs alive, as an agent that runs on the node all along does,
+// and only then are their owners killed.
+func cleanGPUAfter(t *testing.T, root string, gpu int, kill func(), flags ...string) (remediate.Action, string) {
+	t.Helper()
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), flags...)
+	kill()
+	return alertAndWait(t, url, root, gpu, fp(100+gpu)), url
+}
+
 // alertAndWait sends one firing alert and waits for its action to finish.
 func alertAndWait(t *testing.T, url, root string, gpu int, fingerprint string) remediate.Action {
 	t.Helper()
@@ -120,9 +130,8 @@ func TestSafetyLiveJobOnAnotherGPU(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	healthy := testenv.StartWorkload(t, root, 0, 2048, 2, "--visible", "all")
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
@@ -335,9 +344,9 @@ func TestSafetyOrphanedPolicyHonoursMinAge(t *testing.T) {
 	job := script.Ready(t)
 	script.Cmd.Wait() // the shell is gone: the job is orphaned from its session
 	orphan := testenv.StartWorkload(t, root, 1, 1024, 1)
-	orphan.KillParent(t)
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.policy=orphaned", "--remediate.min-age=1m")
+	orphan.KillParent(t)
 	body := payload(alert("firing", "node-a", gpuUUID(t, root, 1), fp(110), time.Now().Add(-time.Minute)))
 	if code, resp := post(t, url, token, body); code != http.StatusOK {
 		t.Fatalf("post: %d %s", code, resp)
@@ -370,9 +379,8 @@ func TestSafetyAllHoldersSparesOthers(t *testing.T) {
 	healthy := testenv.StartWorkload(t, root, 0, 2048, 2, "--visible", "all")
 	monitor := testenv.StartScript(t, fmt.Sprintf("exec 3<%s; echo ready $$; exec sleep 300", n.DevicePath(1))).Ready(t).PID
 	orphan := testenv.StartWorkload(t, root, 1, 4096, 2)
-	orphan.KillParent(t)
 
-	a, _ := cleanGPU(t, root, 1, "--act", "--remediate.policy=all-holders")
+	a, _ := cleanGPUAfter(t, root, 1, func() { orphan.KillParent(t) }, "--act", "--remediate.policy=all-holders")
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}

@@ -85,8 +85,8 @@ func TestDispatcherNotSteerable(t *testing.T) {
 
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
-	w.KillParent(t)
 	agent, _ := startAgent(t, root, filepath.Join(t.TempDir(), "a.db"), "--node.name=node-h")
+	w.KillParent(t)
 
 	targets := filepath.Join(t.TempDir(), "targets.json")
 	writeTargets(t, targets, map[string]string{"node-r": redirector.URL})
@@ -163,8 +163,8 @@ func TestDispatcherForwardsLabels(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
-	w.KillParent(t)
 	agent, _ := startAgent(t, root, filepath.Join(t.TempDir(), "a.db"), "--node.name=node-a", "--alert.uuid-label=gpu_uuid")
+	w.KillParent(t)
 	targets := filepath.Join(t.TempDir(), "targets.json")
 	writeTargets(t, targets, map[string]string{"node-a": agent})
 	dispatcher := startDispatcher(t, targets, "--alert.uuid-label=gpu_uuid")
@@ -209,8 +209,8 @@ func TestDispatcherReplicas(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
-	w.KillParent(t)
 	agent, _ := startAgent(t, root, filepath.Join(t.TempDir(), "a.db"), "--node.name=node-a", "--act")
+	w.KillParent(t)
 	targets := filepath.Join(t.TempDir(), "targets.json")
 	writeTargets(t, targets, map[string]string{"node-a": agent})
 	replicas := []string{startDispatcher(t, targets), startDispatcher(t, targets)}

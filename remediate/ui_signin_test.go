@@ -91,8 +91,8 @@ func TestActionsSignIn(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 1)
-	w.KillParent(t)
 	base, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act")
+	w.KillParent(t)
 	a := alertAndWait(t, base, root, 1, fp(180))
 	c := browser(t)
 
@@ -185,8 +185,8 @@ func TestActionsPageOpen(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
-	w.KillParent(t)
 	base, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--web.ui.open", "--remediate.policy=dead-owner")
+	w.KillParent(t)
 	a := alertAndWait(t, base, root, 1, fp(181))
 	if a.State != remediate.StateSucceeded || len(a.Targets) == 0 {
 		t.Fatalf("action %s: %s, targets %v", a.State, a.Reason, a.Targets)

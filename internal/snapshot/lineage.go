@@ -23,7 +23,7 @@ type Lineage struct {
 	// showed, kept after the record has pruned it and across restarts, and
 	// what `gpu-orphan clean` and the Slurm hooks read from the agent's
 	// store.
-	inherited map[ownerKey]map[procKey]bool
+	inherited map[ownerKey]map[procKey]string
 	// forks is the fork record fed by the kernel's process events; nil
 	// where they are unavailable.
 	forks *forks.Record
@@ -61,7 +61,7 @@ func NewLineage() *Lineage {
 	return &Lineage{
 		owners:    newOwnerBook(0, 0),
 		descent:   map[ownerKey]map[procKey]bool{},
-		inherited: map[ownerKey]map[procKey]bool{},
+		inherited: map[ownerKey]map[procKey]string{},
 		checked:   map[gpuProc]bool{},
 		deadSince: map[gpuPID]time.Time{},
 	}
@@ -124,20 +124,26 @@ func (l *Lineage) forkRecord() *forks.Record {
 	return l.forks
 }
 
-// wasInherited reports whether p was proven an inheritor of owner on a GPU
-// at fork, by this process or by the daemon whose state was restored.
-func (l *Lineage) wasInherited(uuid string, owner, p procKey) bool {
+// inheritedBy returns how p was proven an inheritor of owner on a GPU
+// (ProofDescentAtFork, ProofSharedOwnerFile), by this process or by the
+// daemon whose state was restored; "" when it was not.
+func (l *Lineage) inheritedBy(uuid string, owner, p procKey) string {
 	if l == nil {
-		return false
+		return ""
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.inherited[ownerKey{uuid, owner.pid, owner.start}][p]
 }
 
+// wasInherited reports whether p was proven an inheritor of owner.
+func (l *Lineage) wasInherited(uuid string, owner, p procKey) bool {
+	return l.inheritedBy(uuid, owner, p) != ""
+}
+
 // recordInherited records that p was proven to inherit owner's context on
-// a GPU at fork.
-func (l *Lineage) recordInherited(uuid string, owner, p procKey) {
+// a GPU, and how; the first proof stays.
+func (l *Lineage) recordInherited(uuid string, owner, p procKey, proof string) {
 	if l == nil {
 		return
 	}
@@ -146,11 +152,11 @@ func (l *Lineage) recordInherited(uuid string, owner, p procKey) {
 	k := ownerKey{uuid, owner.pid, owner.start}
 	d := l.inherited[k]
 	if d == nil {
-		d = map[procKey]bool{}
+		d = map[procKey]string{}
 		l.inherited[k] = d
 	}
-	if !d[p] {
-		d[p] = true
+	if d[p] == "" {
+		d[p] = proof
 		l.gen++
 	}
 }
@@ -236,13 +242,19 @@ func (l *Lineage) update(s *Snapshot) {
 		}
 	}
 	// Descent is kept while its owner is remembered or listed dead.
-	for _, m := range []map[ownerKey]map[procKey]bool{l.descent, l.inherited} {
-		for k := range m {
-			_, known := l.owners.entries[k]
-			_, dead := l.deadSince[gpuPID{k.uuid, k.pid}]
-			if !known && !dead {
-				delete(m, k)
-			}
+	kept := func(k ownerKey) bool {
+		_, known := l.owners.entries[k]
+		_, dead := l.deadSince[gpuPID{k.uuid, k.pid}]
+		return known || dead
+	}
+	for k := range l.descent {
+		if !kept(k) {
+			delete(l.descent, k)
+		}
+	}
+	for k := range l.inherited {
+		if !kept(k) {
+			delete(l.inherited, k)
 		}
 	}
 }

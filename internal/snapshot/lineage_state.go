@@ -50,6 +50,8 @@ type savedDescent struct {
 	OwnerPID   int         `json:"owner_pid"`
 	OwnerStart uint64      `json:"owner_start"`
 	Procs      [][2]uint64 `json:"procs"` // [pid, start time]
+	// Proof is how Procs were proven inheritors (in Inherited only).
+	Proof string `json:"proof,omitempty"`
 }
 
 type savedDead struct {
@@ -68,26 +70,37 @@ func (l *Lineage) MarshalState(bootID string) ([]byte, error) {
 		st.Owners = append(st.Owners, savedOwner{GPU: k.uuid, Identity: e.id, Listed: e.listed})
 	}
 	n := 0
-	save := func(m map[ownerKey]map[procKey]bool) []savedDescent {
-		var out []savedDescent
-		for k, d := range m {
-			sd := savedDescent{GPU: k.uuid, OwnerPID: k.pid, OwnerStart: k.startTime}
-			for p := range d {
-				if n >= maxStateDescendants {
-					break
-				}
-				sd.Procs = append(sd.Procs, [2]uint64{uint64(p.pid), p.start})
-				n++
+	add := func(out []savedDescent, k ownerKey, proof string, procs []procKey) []savedDescent {
+		sd := savedDescent{GPU: k.uuid, OwnerPID: k.pid, OwnerStart: k.startTime, Proof: proof}
+		for _, p := range procs {
+			if n >= maxStateDescendants {
+				break
 			}
-			if len(sd.Procs) > 0 {
-				out = append(out, sd)
-			}
+			sd.Procs = append(sd.Procs, [2]uint64{uint64(p.pid), p.start})
+			n++
+		}
+		if len(sd.Procs) > 0 {
+			out = append(out, sd)
 		}
 		return out
 	}
 	// The proven first: they are what the bound must not cut.
-	st.Inherited = save(l.inherited)
-	st.Descent = save(l.descent)
+	for k, d := range l.inherited {
+		byProof := map[string][]procKey{}
+		for p, proof := range d {
+			byProof[proof] = append(byProof[proof], p)
+		}
+		for proof, procs := range byProof {
+			st.Inherited = add(st.Inherited, k, proof, procs)
+		}
+	}
+	for k, d := range l.descent {
+		procs := make([]procKey, 0, len(d))
+		for p := range d {
+			procs = append(procs, p)
+		}
+		st.Descent = add(st.Descent, k, "", procs)
+	}
 	for k, t := range l.deadSince {
 		st.Dead = append(st.Dead, savedDead{GPU: k.uuid, PID: k.pid, Since: t})
 	}
@@ -123,30 +136,44 @@ func (l *Lineage) RestoreState(data []byte, bootID string) error {
 		owners[ownerKey{o.GPU, o.Identity.PID, o.Identity.StartTime}] = &ownerEntry{id: o.Identity, listed: o.Listed}
 	}
 	total := 0
-	load := func(saved []savedDescent) (map[ownerKey]map[procKey]bool, error) {
-		out := map[ownerKey]map[procKey]bool{}
+	load := func(saved []savedDescent, proven bool) (map[ownerKey]map[procKey]string, error) {
+		out := map[ownerKey]map[procKey]string{}
 		for _, d := range saved {
 			k := ownerKey{d.GPU, d.OwnerPID, d.OwnerStart}
 			if out[k] == nil {
-				out[k] = map[procKey]bool{}
+				out[k] = map[procKey]string{}
+			}
+			proof := "descent"
+			if proven {
+				if d.Proof != ProofDescentAtFork && d.Proof != ProofSharedOwnerFile && d.Proof != ProofSharesFile {
+					return nil, fmt.Errorf("the state has inheritors proven by %q, which this build does not know", d.Proof)
+				}
+				proof = d.Proof
 			}
 			for _, p := range d.Procs {
 				if p[0] == 0 || p[0] > 1<<22 { // PID_MAX_LIMIT
 					return nil, fmt.Errorf("the state has a descendant with PID %d", p[0])
 				}
-				out[k][procKey{int(p[0]), p[1]}] = true
+				out[k][procKey{int(p[0]), p[1]}] = proof
 				total++
 			}
 		}
 		return out, nil
 	}
-	descent, err := load(st.Descent)
+	descentProofs, err := load(st.Descent, false)
 	if err != nil {
 		return err
 	}
-	inherited, err := load(st.Inherited)
+	inherited, err := load(st.Inherited, true)
 	if err != nil {
 		return err
+	}
+	descent := map[ownerKey]map[procKey]bool{}
+	for k, d := range descentProofs {
+		descent[k] = map[procKey]bool{}
+		for p := range d {
+			descent[k][p] = true
+		}
 	}
 	if total > maxStateDescendants {
 		return fmt.Errorf("the state has %d descendants, more than %d", total, maxStateDescendants)

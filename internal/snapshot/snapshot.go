@@ -40,6 +40,11 @@ const (
 	// since, unless it still shared its parent's open file of the GPU when
 	// it did: it holds the files the owner opened.
 	ProofDescentAtFork = "descent_at_fork"
+	// ProofSharedOwnerFile: while the owner lived, a snapshot saw it, a
+	// descendant of the owner, share an open file of the device with the
+	// owner (kcmp): it holds the owner's own files. This needs no process
+	// events, only a snapshot between the fork and the owner's death.
+	ProofSharedOwnerFile = "shared_owner_open_file"
 	// ProofSharesFile: it shares an open file of the device (kcmp) with a
 	// proven inheritor of the same dead owner.
 	ProofSharesFile = "shares_open_file_with_inheritor"

@@ -290,7 +290,11 @@ func (t *Taker) recordOwnersDescent(s *Snapshot, mem *Lineage) {
 				dev, devKnown = d, true
 			}
 			owner := procKey{int(o.PID), o.Process.StartTime}
-			t.recordDescent(g.Device.UUID, owner, owner.pid, dev, mem)
+			own, holds, err := t.cfg.Proc.HoldingOf(owner.pid, dev)
+			if err != nil || !holds {
+				continue
+			}
+			t.recordDescent(g.Device.UUID, owner, own, dev, mem)
 		}
 	}
 }
@@ -298,12 +302,15 @@ func (t *Taker) recordOwnersDescent(s *Snapshot, mem *Lineage) {
 // maxDescentWalk bounds one walk of a process tree.
 const maxDescentWalk = 4096
 
-// recordDescent walks the descendants of root (the owner, or a proven
-// inheritor of it) and records those that hold dev as descending from
-// owner. Every thread of root may have forked; below it, only what main
-// threads forked is read (one file per process, every interval): a worker's
-// own workers come from its main thread.
-func (t *Taker) recordDescent(uuid string, owner procKey, root int, dev proc.Device, mem *Lineage) {
+// recordDescent walks the descendants of the live owner (own is its hold
+// on dev) and records those that hold dev as descending from owner; those
+// that share an open file of dev with the owner (kcmp) hold the owner's own
+// files, and are recorded as its inheritors (ProofSharedOwnerFile). Every
+// thread of the owner may have forked; below it, only what main threads
+// forked is read (one file per process, every interval): a worker's own
+// workers come from its main thread.
+func (t *Taker) recordDescent(uuid string, owner procKey, own proc.Holding, dev proc.Device, mem *Lineage) {
+	root := owner.pid
 	queue := []int{root}
 	for n := 0; len(queue) > 0 && n < maxDescentWalk; n++ {
 		pid := queue[0]
@@ -325,13 +332,16 @@ func (t *Taker) recordDescent(uuid string, owner procKey, root int, dev proc.Dev
 			}
 			k := procKey{kid, st.StartTime}
 			switch {
-			case mem.descends(uuid, owner, k):
+			case mem.wasInherited(uuid, owner, k):
 			case mem.wasChecked(uuid, k):
 				continue
 			default:
-				_, holds, err := t.cfg.Proc.HoldingOf(kid, dev)
+				h, holds, err := t.cfg.Proc.HoldingOf(kid, dev)
 				if err != nil {
 					continue // gone, or unreadable: nothing proven
+				}
+				if holds && t.sharesFile(h, own) {
+					mem.recordInherited(uuid, owner, k, ProofSharedOwnerFile)
 				}
 				mem.recordDescent(uuid, owner, k, holds)
 				if !holds {
@@ -666,8 +676,8 @@ func (t *Taker) prove(uuid string, h Holding, dead []Owner, mem *Lineage) Holder
 			before++
 			continue
 		}
-		if mem.wasInherited(uuid, deadOwnerKey(o), self) {
-			hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, ProofDescentAtFork
+		if proof := mem.inheritedBy(uuid, deadOwnerKey(o), self); proof != "" {
+			hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, proof
 			return hd
 		}
 		if rec != nil {
@@ -677,7 +687,7 @@ func (t *Taker) prove(uuid string, h Holding, dead []Owner, mem *Lineage) Holder
 			}
 			_, err := rec.Inherits(forks.Key{PID: h.PID, Start: h.StartTime}, pid, ownerStart)
 			if err == nil {
-				mem.recordInherited(uuid, deadOwnerKey(o), self)
+				mem.recordInherited(uuid, deadOwnerKey(o), self, ProofDescentAtFork)
 				hd.Reason, hd.DeadOwner, hd.Proof = ReasonInheritedFromDeadOwner, pid, ProofDescentAtFork
 				return hd
 			}
@@ -738,7 +748,7 @@ func (t *Taker) recordInheritorsDescent(g GPU, mem *Lineage) {
 			continue
 		}
 		if o, ok := g.Owner(h.DeadOwner); ok {
-			mem.recordInherited(g.Device.UUID, deadOwnerKey(o), procKey{h.PID, h.StartTime})
+			mem.recordInherited(g.Device.UUID, deadOwnerKey(o), procKey{h.PID, h.StartTime}, h.Proof)
 		}
 	}
 }
