@@ -38,7 +38,9 @@ const (
 // running, are started side by side and left for idleFor at their default
 // intervals, scraped every idleScrape; then VmRSS, RssAnon and RssFile are
 // read from each one's /proc/PID/status. The timed op, after the reading,
-// is one scrape of each.
+// is one scrape of each. Both run with their default flags, as shipped, so
+// the guard follows the defaults: --nvml.release-zero-pages is off (opt-in
+// since issue 24), and without NVML it would have nothing to hand back.
 func BenchmarkIdleRSS(b *testing.B) {
 	bin := idleBinaries(b)
 	dir := b.TempDir()

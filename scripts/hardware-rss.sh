@@ -6,10 +6,14 @@
 # data (the BSS of libnvidia-ml), libcuda (which nvmlInit loads),
 # libnvidia-ml, libc, and the rest (Go's heap and runtime).
 #
-# Beside them, when BIN_DIR holds them, the same daemons as they were
-# before issue 18's last changes (--runtime.gomaxprocs=0: every CPU;
-# --no-nvml.release-zero-pages: NVML's zeroed BSS kept) and the floor
-# programs of
+# The daemons run as shipped (--nvml.release-zero-pages off, its default
+# since issue 24, item 10) and, beside them, with it (exporter-zero-pages,
+# agent-zero-pages: NVML's zeroed BSS handed back); each one's log says
+# whether it handed anything back.
+#
+# Beside them, when BIN_DIR holds them, the same daemons on every CPU
+# (--runtime.gomaxprocs=0, as before issue 18's last changes) and the
+# floor programs of
 # scripts/rssfloor (floor-nvml, floor-promhttp, floor-promhttp_nvml: go
 # build -o BIN_DIR/floor-NAME scripts/rssfloor/NAME.go), the least that a
 # Go program reading NVML, serving promhttp, or both, holds on this node.
@@ -38,8 +42,10 @@ agent_args=(--backend=nvml --node.name=h200 --auth.token-file="$tok" --web.liste
 section "starting the exporter and the node agent on NVML, and what is beside them"
 start exporter gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT}
 start agent gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db"
+start exporter-zero-pages gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT} --nvml.release-zero-pages
+start agent-zero-pages gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db" --nvml.release-zero-pages
 if [ -x "$bin/floor-nvml" ]; then
-  before=(--runtime.gomaxprocs=0 --no-nvml.release-zero-pages)
+  before=(--runtime.gomaxprocs=0)
   start exporter-before gpu-orphan-exporter --backend=nvml --web.listen-address=127.0.0.1:{PORT} "${before[@]}"
   start agent-before gpu-orphan-remediator "${agent_args[@]}" --store.path="$(mktemp -d)/r.db" "${before[@]}"
   start floor-nvml floor-nvml
@@ -68,14 +74,16 @@ split() { # PID: resident MiB by what maps it
     /^Rss:/ { r[c] += $2 }
     END { for (c in r) printf "%s=%.1f ", c, r[c] / 1024 }' "/proc/$1/smaps"
 }
-for n in exporter agent exporter-before agent-before floor-nvml floor-promhttp floor-promhttp_nvml; do
+for n in exporter agent exporter-zero-pages agent-zero-pages exporter-before agent-before floor-nvml floor-promhttp floor-promhttp_nvml; do
   p=${started[$n]:-}
   [ -n "$p" ] || continue
   if [ ! -d "/proc/$p" ]; then echo "$n: exited"; tail -3 "$out/$n.log"; continue; fi
   printf '%-20s %s| %s\n' "$n" "$(grep -E '^(VmRSS|VmHWM)' "/proc/$p/status" | tr -s ' \t\n' ' ')" "$(split "$p")"
 done
-echo "NVML's zeroed memory, as the daemons logged it:"
-grep -h "zeros" "$out/exporter.log" "$out/agent.log"
+echo "NVML's zeroed memory, as the daemons logged it (nothing from exporter and agent: the flag is off by default):"
+for n in exporter agent exporter-zero-pages agent-zero-pages; do
+  printf '%-20s %s\n' "$n" "$(grep -h "zero" "$out/$n.log" || echo "(nothing handed back)")"
+done
 section "the binaries"
 for b in gpu-orphan-exporter gpu-orphan-remediator floor-nvml floor-promhttp floor-promhttp_nvml; do
   [ -x "$bin/$b" ] && echo "$b: $(stat -c %s "$bin/$b") bytes"

@@ -59,12 +59,18 @@ func AddBackendFlags(a flagger) *Backend {
 }
 
 // AddDaemonFlags registers what only a long-running reader of NVML wants:
-// --nvml.release-zero-pages. A command that exits in a second gains
-// nothing from it, and an epilog must not risk its fault.
+// --nvml.release-zero-pages, off unless asked for. A command that exits in
+// a second gains nothing from it, and an epilog must not risk its fault.
 func (b *Backend) AddDaemonFlags(a flagger) {
-	a.Flag("nvml.release-zero-pages", "After nvmlInit, hand back the pages of zeros that it wrote into libnvidia-ml's static memory (13 MiB of 13.2 on driver 580; NVML reads them as zeros again). The memory is read-only meanwhile, so a write by the driver's own thread stops the process at start-up rather than being lost. --no-nvml.release-zero-pages keeps them.").
-		Default("true").BoolVar(&b.ReleaseZeroPages)
+	a.Flag("nvml.release-zero-pages", releaseZeroPagesHelp).Default("false").BoolVar(&b.ReleaseZeroPages)
 }
+
+// releaseZeroPagesHelp is --nvml.release-zero-pages's help: what it saves,
+// and why it is opt-in (issue 24, item 10).
+const releaseZeroPagesHelp = "Off unless given. Saves about 13 MiB per daemon: after nvmlInit, hand back the pages of zeros that it wrote into libnvidia-ml's static memory (NVML reads them as zeros again). " +
+	"It relies on undocumented driver internals, measured on one driver (580) on x86_64 only: a page there that the driver has pinned would be silently detached from the process; " +
+	"the memory is read-only for about 10 ms meanwhile, so a write by a driver thread crashes the process at start-up, and a kernel write from another thread's system call gets EFAULT, so NVML fails quietly; " +
+	"arm64 with 64 KiB pages (GH200) is untested. The failure is a crash at start-up: after a driver upgrade, on every node at once. Try it on one node per driver and architecture first."
 
 // Node is an opened backend: the driver, /proc, and a Taker over both.
 type Node struct {
