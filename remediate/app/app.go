@@ -13,8 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"runtime"
 	"time"
 
@@ -62,7 +60,8 @@ type Options struct {
 	NodeName             string
 	NodeLabel, UUIDLabel string
 	// StorePath is the audit database; its directory is created if need
-	// be, once everything else checked out.
+	// be (store.MakeDir, which also checks it), once everything else
+	// checked out.
 	StorePath string
 	// UIOpen serves the /actions page without authentication, for a
 	// trusted network; otherwise it is behind the API's.
@@ -197,10 +196,10 @@ func Run(ctx context.Context, o Options) error {
 		// driver while the engine drains at shutdown.
 		defer release()
 	}
-	// 0700: the audit record holds every command line the remediator saw
-	// (the files themselves are 0600, whatever the umask).
-	if err := os.MkdirAll(filepath.Dir(o.StorePath), 0o700); err != nil {
-		return fmt.Errorf("creating the directory of --store.path: %w", err)
+	// The directory is created 0700 and checked (owner, mode, not a link)
+	// by the same code as the prolog's, the epilog's and the CLI's.
+	if err := store.MakeDir(o.StorePath); err != nil {
+		return err
 	}
 	st, err := store.Open(ctx, o.StorePath)
 	if err != nil {
