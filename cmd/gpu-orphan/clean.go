@@ -22,7 +22,6 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
-	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
 // auditRecord is the audit database that --store.path opens.
@@ -112,6 +111,22 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 			return exitWouldNot
 		}
 	}
+	// With --store.path the action is recorded as the remediator records
+	// its own; without, it is only printed. The store is opened only to
+	// act, so that a plan that does not act leaves no database behind, but
+	// before the plan is printed: a plan that says "Will signal" is one
+	// that runs.
+	var audit auditRecord
+	if storePath != "" && r.Act && plan.Act && len(ownExcluded(plan)) == 0 {
+		st, err := openStore(ctx, storePath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "gpu-orphan: nothing was signalled: the audit store %s cannot be opened: %v\n", storePath, err)
+			return exitWouldNot
+		}
+		defer st.Close()
+		audit = st
+		nodeCfg.Recorder = st
+	}
 	writePlan(w, plan, r.Act)
 	if own := ownExcluded(plan); len(own) > 0 {
 		fmt.Fprint(os.Stderr, ownSessionText(own, cfg.Rules().WithDefaults().Self))
@@ -128,20 +143,6 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		fmt.Fprintln(w, "\nDry run: nothing was signalled. Run again with --act to do this.")
 		return exitClean
 	}
-	// With --store.path the action is recorded as the remediator records
-	// its own; without, it is only printed. The store is opened only now,
-	// to act: a plan that does not act leaves no database behind.
-	var audit auditRecord
-	if storePath != "" {
-		st, err := store.Open(ctx, storePath)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
-			return exitWouldNot
-		}
-		defer st.Close()
-		audit = st
-		nodeCfg.Recorder = st
-	}
 	node := cleanup.New(nodeCfg)
 	a := remediate.Action{Node: hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
 		State: remediate.StateRunning, Source: "cli", StartedAt: time.Now()}
@@ -153,7 +154,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	if audit != nil {
 		id, err := audit.Insert(ctx, a)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "gpu-orphan: refusing to act without a record: %v\n", err)
+			fmt.Fprintf(os.Stderr, "gpu-orphan: nothing was signalled: the action cannot be recorded in the audit store %s: %v\n", storePath, err)
 			return exitWouldNot
 		}
 		a.ID = id

@@ -519,7 +519,8 @@ func TestHookDriverFails(t *testing.T) {
 }
 
 // TestEpilogRefusesWithoutRecord: an audit store that cannot be opened
-// means nothing is signalled, and the epilog fails saying why.
+// (here its directory, which others may write to) means nothing is
+// signalled, and the epilog fails saying why and what to run.
 func TestEpilogRefusesWithoutRecord(t *testing.T) {
 	t.Parallel()
 	requireRoot(t)
@@ -528,10 +529,18 @@ func TestEpilogRefusesWithoutRecord(t *testing.T) {
 	w := testenv.StartWorkload(t, root, 0, 256, 1)
 	intoJob(t, job, w.Children...)
 	w.KillParent(t)
+	dir := filepath.Join(t.TempDir(), "gpu-orphan")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_GPUS=0"}, "--backend=sim", "--sim.root="+root, "epilog",
-		"--store.path=/nonexistent/remediator.db", "--log.syslog-socket=")
-	if code != 1 || !strings.Contains(out, "processes hold GPU 0, and nothing was signalled (refusing to signal without an audit record") {
-		t.Errorf("epilog without its store: exit %d\n%s", code, out)
+		"--store.path="+filepath.Join(dir, "remediator.db"), "--log.syslog-socket=")
+	if want := "processes hold GPU 0, and nothing was signalled (refusing to signal without an audit record: the store directory " + dir +
+		" has mode 0777, so users other than its owner could replace the audit database: run `chmod 0700 " + dir + "`)"; code != 1 || !strings.Contains(out, want) {
+		t.Errorf("epilog without its store: exit %d\n%s\nwant exit 1 and %q", code, out, want)
 	}
 	if !testenv.Alive(w.Children[0]) {
 		t.Errorf("worker %d signalled without a record", w.Children[0])

@@ -82,7 +82,8 @@ func addHookFlags(c *kingpin.CmdClause, o *hookOptions, name, timeout, grace str
 		"\"all\" for every GPU, \"none\" for none. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL, which Slurm sets for a "+
 		"job given GRES; none when none is set.").PlaceHolder("0,1").StringVar(&o.gpus)
 	c.Flag("store.path", "The remediator's audit database: the "+name+" records its actions there (source "+name+"), and reads the lineage the remediator recorded, "+
-		"to name dead owners. When it cannot be opened, nothing is signalled. Empty: no record.").Default(defaultStorePath).StringVar(&o.storePath)
+		"to name dead owners. Its directory is created (0700) when missing and checked (a directory of this user's, not a link, that no one else may write to), as the remediator does. "+
+		"When it cannot be opened, nothing is signalled. Empty: no record.").Default(defaultStorePath).StringVar(&o.storePath)
 	c.Flag("drain", "When memory stays held, also drain the node with the reason (scontrol update nodename=NODE state=drain reason=\"gpu-orphan: ...\").").BoolVar(&o.drain)
 	c.Flag("slurm.scontrol", "The scontrol command, for --drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin (Slurm runs prologs and epilogs without a PATH).").
 		Default("scontrol").StringVar(&o.scontrol)
@@ -211,7 +212,9 @@ func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
 	h.loop = snapshot.NewLoop(opened.Taker, time.Second, h.o.minBytes)
 	closers := []func(){func() { opened.Driver.Close() }}
 	if h.o.storePath != "" {
-		st, err := store.Open(ctx, h.o.storePath)
+		// Its directory as the remediator makes and checks it: a node
+		// where no remediator ran yet has none.
+		st, err := openStore(ctx, h.o.storePath)
 		if err != nil {
 			h.storeErr = err
 			h.logger.Warn("The audit store cannot be opened: nothing will be signalled", "path", h.o.storePath, "err", err)
@@ -226,6 +229,15 @@ func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
 			c()
 		}
 	}, nil
+}
+
+// openStore opens the audit store at path to write to it, making its
+// directory first as the remediator does (store.MakeDir: 0700, checked).
+func openStore(ctx context.Context, path string) (*store.Store, error) {
+	if err := store.MakeDir(path); err != nil {
+		return nil, err
+	}
+	return store.Open(ctx, path)
 }
 
 // restoreLineage reads the remediator's recorded lineage, if there is one

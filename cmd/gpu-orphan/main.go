@@ -39,7 +39,8 @@ func run(args []string) int {
 		fmt.Sprintf("With --min-age it measures ages as the remediator does, from its own first snapshot (it has no history from before it ran), and waits for them, looking again every %s; a --min-age above %s is the remediator's. ", pollInterval, maxMinAge)+
 		cleanExitHelp)
 	cleanGPU := clean.Flag("gpu", "The GPU: its index or UUID.").Required().String()
-	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path).").String()
+	cleanStore := clean.Flag("store.path", "Also record the action in this audit database (the remediator's --store.path). "+
+		"Its directory is created (0700) when missing and checked, as the remediator does; with --act, a store that cannot be opened means nothing is signalled.").String()
 	cleanFlags := remediateflag.AddCleanFlags(clean)
 
 	rep := app.Command("report", "Who leaves orphaned GPU memory behind: per user, Slurm job, command, node or source, the orphaned-memory events, the GiB·hours held with no live owner before the cleanup, the memory given back, and the last time; from the remediator's audit database, or from a remediator's API (a dispatcher's covers the fleet).")
