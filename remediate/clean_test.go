@@ -19,6 +19,10 @@ func TestCleanByHand(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 3072, 2)
+	// The node agent (a dry run) sees the job alive; clean reads in its
+	// store which holders it proved the owner's inheritors.
+	storePath := filepath.Join(t.TempDir(), "audit.db")
+	startAgent(t, root, storePath)
 	w.KillParent(t)
 	cli := testenv.Bin(t, "gpu-orphan")
 	run := func(args ...string) (string, error) {
@@ -26,7 +30,7 @@ func TestCleanByHand(t *testing.T) {
 		return string(out), err
 	}
 
-	out, err := run("--gpu", "1", "--grace=1s")
+	out, err := run("--gpu", "1", "--grace=1s", "--store.path="+storePath)
 	if err != nil {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
@@ -46,7 +50,6 @@ func TestCleanByHand(t *testing.T) {
 		t.Errorf("an unknown GPU: %v, want exit 2 naming the node's GPUs\n%s", err, out)
 	}
 
-	storePath := filepath.Join(t.TempDir(), "audit.db")
 	out, err = run("--gpu", gpuUUID(t, root, 1), "--act", "--grace=1s", "--store.path="+storePath)
 	if err != nil {
 		t.Fatalf("--act: %v\n%s", err, out)

@@ -184,11 +184,4 @@ func TestAuditDeadOwnerUnknown(t *testing.T) {
 	if owners, _ := raw[0]["dead_owners"].([]any); len(owners) != 1 || fmt.Sprint(owners[0].(map[string]any)["known"]) != "false" {
 		t.Errorf("dead_owners as served: %v", raw[0]["dead_owners"])
 	}
-	_, mfs := testenv.Scrape(t, base+"/metrics")
-	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_orphaned_events_total", map[string]string{"user": "unknown"}); v != 1 {
-		t.Errorf("orphaned_events_total{user=unknown} = %v: %s", v, testenv.Describe(mfs, "gpu_orphan_remediator_orphaned_events_total"))
-	}
-	if rows := runReport(t, "--store.path="+storePath, "--by=slurm_job"); len(rows) != 1 || rows[0].Key != "unknown" || rows[0].Events != 1 {
-		t.Errorf("report --by=slurm_job: %+v, want one row 'unknown'", rows)
-	}
 }

@@ -781,7 +781,7 @@ func TestAuthTokenGuessing(t *testing.T) {
 // mountTmpfs mounts a tmpfs of size at dir, or skips the test.
 func mountTmpfs(t *testing.T, dir, size string) {
 	t.Helper()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs (needs root or CAP_SYS_ADMIN), so the full store cannot be simulated: %v: %s", err, bytes.TrimSpace(out))
 	}
 	t.Cleanup(func() {

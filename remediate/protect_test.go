@@ -83,11 +83,16 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Each job's owner is killed once the agent runs (killAll), as on a
+	// node where it runs all along.
+	var kills []func()
 	orphan := func(bin string, mib int) *testenv.Workload {
 		s := testenv.StartScript(t, fmt.Sprintf("exec %s run --root %s --gpu 1 --mib %d --children 1", bin, root, mib))
 		w := s.Ready(t)
-		s.Cmd.Process.Kill()
-		s.Cmd.Wait()
+		kills = append(kills, func() {
+			s.Cmd.Process.Kill()
+			s.Cmd.Wait()
+		})
 		return w
 	}
 	pFabric := orphan(fabric, 1024)
@@ -116,7 +121,13 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 		}
 	}
 
-	a, _ := cleanGPUAfter(t, root, 1, func() { ordinary.KillParent(t) }, "--act", "--remediate.protect="+listed, "--remediate.protect="+agent)
+	killAll := func() {
+		for _, k := range kills {
+			k()
+		}
+		ordinary.KillParent(t)
+	}
+	a, _ := cleanGPUAfter(t, root, 1, killAll, "--act", "--remediate.protect="+listed, "--remediate.protect="+agent)
 	if a.State != remediate.StateSucceeded || !strings.HasPrefix(a.Reason, "other holders remain") {
 		t.Errorf("action %s (%s), want succeeded with other holders remaining", a.State, a.Reason)
 	}

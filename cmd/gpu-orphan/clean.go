@@ -87,6 +87,13 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 
 	cfg := r.DecideConfig()
 	loop := snapshot.NewLoop(opened.Taker, pollInterval, cfg.MinBytes)
+	// The proof that a holder inherited a dead owner's context is the node
+	// agent's: it saw the forks. Its store, or the default one.
+	lineagePath := storePath
+	if lineagePath == "" {
+		lineagePath = defaultStorePath
+	}
+	lineageNote := readAgentLineage(ctx, loop, fs, lineagePath, logger)
 	nodeCfg := cleanup.Config{
 		Snapshots: loop, Proc: fs, Decide: cfg,
 		Ladder:        &kill.Ladder{Grace: r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},
@@ -127,6 +134,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		audit = st
 		nodeCfg.Recorder = st
 	}
+	fmt.Fprintln(w, lineageNote)
 	writePlan(w, plan, r.Act)
 	if own := ownExcluded(plan); len(own) > 0 {
 		fmt.Fprint(os.Stderr, ownSessionText(own, cfg.Rules().WithDefaults().Self))

@@ -292,7 +292,7 @@ func Decide(s *snapshot.Snapshot, gpuID string, cfg Config, now time.Time) Plan 
 		if slices.ContainsFunc(p.Excluded, func(e remediate.Exclusion) bool { return e.Why == WhyDeadOwnerTooYoung }) {
 			return skip(SkipTooYoung, "")
 		}
-		return skip(SkipNoTargets, unexplainedDetail(p.Excluded))
+		return skip(SkipNoTargets, unexplainedDetail(p.Excluded, g))
 	}
 	p.sort()
 	p.Act = true
@@ -378,19 +378,30 @@ func belowDetail(g snapshot.GPU) string {
 		g.UnownedBytes>>20, live, snapshot.ContextOverheadBytes>>20)
 }
 
-// unexplainedDetail names the holders left alone for lack of proof.
-func unexplainedDetail(excluded []remediate.Exclusion) string {
-	var pids []string
+// unexplainedDetail names the holders left alone for lack of proof, and
+// why nothing proves them (the snapshot's Proof of each).
+func unexplainedDetail(excluded []remediate.Exclusion, g snapshot.GPU) string {
+	var pids, whys []string
 	for _, e := range excluded {
-		if e.Why == WhyUnexplained {
-			pids = append(pids, fmt.Sprintf("%d (%s)", e.PID, e.Comm))
+		if e.Why != WhyUnexplained {
+			continue
+		}
+		pids = append(pids, fmt.Sprintf("%d (%s)", e.PID, e.Comm))
+		for _, h := range g.Suspects {
+			if h.PID == e.PID && h.Proof != "" && !slices.Contains(whys, h.Proof) {
+				whys = append(whys, h.Proof)
+			}
 		}
 	}
 	if len(pids) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("nothing proves that %s inherited a dead owner's context; look at them with gpu-orphan ps",
-		strings.Join(pids, ", "))
+	why := ""
+	if len(whys) > 0 {
+		why = " (" + strings.Join(whys, ", ") + ")"
+	}
+	return fmt.Sprintf("nothing proves that %s inherited a dead owner's context%s; look at them with gpu-orphan ps",
+		strings.Join(pids, ", "), why)
 }
 
 // ownsByPolicy reports whether the policy targets a process by name even

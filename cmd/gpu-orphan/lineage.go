@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+)
+
+// readAgentLineage restores into loop what the node agent recorded in its
+// store at path (read-only): who the dead owners were and which holders it
+// proved their inheritors at fork. A command started after a death cannot
+// see the forks that happened before it; only a daemon that followed the
+// kernel's process events can. It returns a sentence that says where the
+// proof comes from, for the command's output.
+func readAgentLineage(ctx context.Context, loop *snapshot.Loop, fs proc.FS, path string, logger *slog.Logger) string {
+	const none = "No node agent's record of descent was read: this command cannot see forks that happened before it ran, so no holder is proven to have inherited a dead owner's context (run gpu-orphan-remediator on the node, or give its --store.path)"
+	if path == "" {
+		return none
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Sprintf("%s; %s: %v", none, path, err)
+	}
+	st, err := store.OpenReadOnly(ctx, path)
+	if err != nil {
+		logger.Warn("Cannot read the node agent's record of descent", "path", path, "err", err)
+		return fmt.Sprintf("%s; %s cannot be read: %v", none, path, err)
+	}
+	defer st.Close()
+	data, ok, err := st.GetState(ctx, lineageState)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%s; reading it from %s: %v", none, path, err)
+	case !ok:
+		return fmt.Sprintf("%s; %s holds none yet", none, path)
+	}
+	bootID, err := fs.BootID()
+	if err == nil {
+		err = loop.Lineage().RestoreState(data, bootID)
+	}
+	if err != nil {
+		return fmt.Sprintf("%s; the one in %s was ignored: %v", none, path, err)
+	}
+	return fmt.Sprintf("Proof of descent from the node agent's record in %s (%d owners remembered).", path, loop.Lineage().Owners())
+}
