@@ -93,7 +93,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	if lineagePath == "" {
 		lineagePath = defaultStorePath
 	}
-	lineageNote := readAgentLineage(ctx, loop, fs, lineagePath, logger)
+	lineageNote := readAgentLineage(ctx, loop.Lineage(), fs, lineagePath, logger)
 	nodeCfg := cleanup.Config{
 		Snapshots: loop, Proc: fs, Decide: cfg,
 		Ladder:        &kill.Ladder{Grace: r.Grace, Proc: fs, Logger: logger, Groups: fs, Exclude: cfg.Rules().Why},

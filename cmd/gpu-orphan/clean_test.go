@@ -53,6 +53,10 @@ func TestCleanRefusesOwnSession(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	dir := t.TempDir()
+	// The node agent runs all along: it sees the workers fork, and clean
+	// reads its proof in its store once it has recorded it.
+	storePath := filepath.Join(t.TempDir(), "r.db")
+	testenv.NodeAgent(t, root, storePath)
 	script := testenv.StartScript(t, `
 set -um
 "$SIM" run --root "$ROOT" --gpu 1 --mib 1024 --children 2 > "$DIR/ready" &
@@ -60,11 +64,16 @@ until [ -s "$DIR/ready" ]; do sleep 0.05; done
 cat "$DIR/ready"
 read _ parent _ < "$DIR/ready"
 { kill -9 "$parent"; wait "$parent"; } 2>/dev/null
-"$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s > "$DIR/same.out" 2>&1; echo $? > "$DIR/same.rc"
+until [ -e "$DIR/recorded" ]; do sleep 0.05; done
+"$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s --store.path="$STORE" > "$DIR/same.out" 2>&1; echo $? > "$DIR/same.rc"
 until [ -e "$DIR/go" ]; do sleep 0.05; done
-setsid -w "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s > "$DIR/other.out" 2>&1; echo $? > "$DIR/other.rc"
-`, "SIM="+testenv.Bin(t, "gpu-orphan-sim"), "CLI="+testenv.Bin(t, "gpu-orphan"), "ROOT="+root, "DIR="+dir)
+setsid -w "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s --store.path="$STORE" > "$DIR/other.out" 2>&1; echo $? > "$DIR/other.rc"
+`, "SIM="+testenv.Bin(t, "gpu-orphan-sim"), "CLI="+testenv.Bin(t, "gpu-orphan"), "ROOT="+root, "DIR="+dir, "STORE="+storePath)
 	w := script.Ready(t)
+	waitInherited(t, storePath, w.Children...)
+	if err := os.WriteFile(filepath.Join(dir, "recorded"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	rc := waitFile(t, filepath.Join(dir, "same.rc"))
 	out, _ := os.ReadFile(filepath.Join(dir, "same.out"))
@@ -112,9 +121,12 @@ func TestCleanWaitsForMinAge(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
+	storePath := filepath.Join(t.TempDir(), "r.db")
+	testenv.NodeAgent(t, root, storePath)
 	w.KillParent(t)
+	waitInherited(t, storePath, w.Children...)
 	start := time.Now()
-	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "1", "--act", "--min-age=1s", "--grace=1s")
+	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "1", "--act", "--min-age=1s", "--grace=1s", "--store.path="+storePath)
 	took := time.Since(start)
 	if code != 0 {
 		t.Errorf("clean --min-age=1s --act: exit %d, want 0\n%s%s", code, stdout, stderr)
@@ -164,8 +176,11 @@ func TestCleanRefusedInAnotherPIDNamespace(t *testing.T) {
 	}
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
+	storePath := filepath.Join(t.TempDir(), "r.db")
+	testenv.NodeAgent(t, root, storePath)
 	w.KillParent(t)
-	args := []string{"--backend=sim", "--sim.root=" + root, "--path.procfs=/proc", "clean", "--gpu", "1", "--grace=1s"}
+	waitInherited(t, storePath, w.Children...)
+	args := []string{"--backend=sim", "--sim.root=" + root, "--path.procfs=/proc", "clean", "--gpu", "1", "--grace=1s", "--store.path=" + storePath}
 	unshared := func(extra ...string) (int, string) {
 		cmd := exec.Command(unshare, append(append([]string{"--pid", "--fork", testenv.Bin(t, "gpu-orphan")}, args...), extra...)...)
 		var out bytes.Buffer

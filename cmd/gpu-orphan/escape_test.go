@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,10 +33,14 @@ func TestPSEscapesProcessNames(t *testing.T) {
 	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(child) + "/comm"); string(comm) != "\x1b[2J\x1b[H\x07\n" {
 		t.Fatalf("the worker's comm is %q", comm)
 	}
-	// The owner dies; the worker keeps its context.
+	// The node agent sees the job alive; the owner dies; the worker keeps
+	// its context, and the agent records it the owner's inheritor.
+	storePath := filepath.Join(t.TempDir(), "r.db")
+	testenv.NodeAgent(t, root, storePath)
 	w.KillParent(t)
+	waitInherited(t, storePath, w.Children...)
 
-	code, out, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "ps")
+	code, out, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "ps", "--store.path="+storePath)
 	if code != 0 {
 		t.Fatalf("gpu-orphan ps: exit %d\n%s\n%s", code, out, stderr)
 	}
@@ -58,7 +63,7 @@ func TestPSEscapesProcessNames(t *testing.T) {
 	}
 
 	// clean's plan (a dry run) lists the same worker as a target.
-	_, plan, _ := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "0")
+	_, plan, _ := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "0", "--store.path="+storePath)
 	if strings.ContainsFunc(plan, func(r rune) bool { return r < 0x20 && r != '\n' || r == 0x7f }) ||
 		!strings.Contains(plan, `\x1b[1A\x1b[2K\r  no suspect`) {
 		t.Errorf("gpu-orphan clean's plan does not list the worker, escaped:\n%q", plan)

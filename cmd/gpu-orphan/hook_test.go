@@ -382,11 +382,14 @@ func TestPrologCleansDeadOwner(t *testing.T) {
 	requireRoot(t)
 	root := testenv.SimNode(t, 2)
 	stale := testenv.StartWorkload(t, root, 1, 1024, 2)
-	stale.KillParent(t)
 	untouched := testenv.StartWorkload(t, root, 0, 512, 1)
-	untouched.KillParent(t)
-
+	// The node agent (a dry run) saw the jobs alive; the prolog reads in its
+	// store who inherited the dead owners' contexts.
 	db := filepath.Join(t.TempDir(), "remediator.db")
+	testenv.NodeAgent(t, root, db)
+	stale.KillParent(t)
+	untouched.KillParent(t)
+	waitInherited(t, db, stale.Children...)
 	job := testenv.SlurmJobID()
 	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "CUDA_VISIBLE_DEVICES=1"},
 		"--backend=sim", "--sim.root="+root, "prolog", "--store.path="+db, "--grace=1s", "--log.syslog-socket=")

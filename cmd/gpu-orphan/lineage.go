@@ -11,13 +11,13 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
-// readAgentLineage restores into loop what the node agent recorded in its
-// store at path (read-only): who the dead owners were and which holders it
+// readAgentLineage restores what the node agent recorded in its
+// store at path (read-only) into mem: who the dead owners were and which holders it
 // proved their inheritors at fork. A command started after a death cannot
 // see the forks that happened before it; only a daemon that followed the
 // kernel's process events can. It returns a sentence that says where the
 // proof comes from, for the command's output.
-func readAgentLineage(ctx context.Context, loop *snapshot.Loop, fs proc.FS, path string, logger *slog.Logger) string {
+func readAgentLineage(ctx context.Context, mem *snapshot.Lineage, fs proc.FS, path string, logger *slog.Logger) string {
 	const none = "No node agent's record of descent was read: this command cannot see forks that happened before it ran, so no holder is proven to have inherited a dead owner's context (run gpu-orphan-remediator on the node, or give its --store.path)"
 	if path == "" {
 		return none
@@ -40,10 +40,10 @@ func readAgentLineage(ctx context.Context, loop *snapshot.Loop, fs proc.FS, path
 	}
 	bootID, err := fs.BootID()
 	if err == nil {
-		err = loop.Lineage().RestoreState(data, bootID)
+		err = mem.RestoreState(data, bootID)
 	}
 	if err != nil {
 		return fmt.Sprintf("%s; the one in %s was ignored: %v", none, path, err)
 	}
-	return fmt.Sprintf("Proof of descent from the node agent's record in %s (%d owners remembered).", path, loop.Lineage().Owners())
+	return fmt.Sprintf("Proof of descent from the node agent's record in %s (%d owners remembered).", path, mem.Owners())
 }

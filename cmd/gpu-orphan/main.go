@@ -32,6 +32,7 @@ func run(args []string) int {
 
 	ps := app.Command("ps", "Show, per GPU, used memory split by owner liveness, and the suspect holders (always scans /proc/*/fd).")
 	psOutput := cli.Enum(ps.Flag("output", "Output format: table or json.").Short('o').Default("table"), "table", "json")
+	psStore := ps.Flag("store.path", "The node agent's audit database, read (never written) for its record of which holders inherited a dead owner's context: the agent saw them fork, ps did not. Without it every such holder shows as unproven.").Default(defaultStorePath).String()
 	psExporter := ps.Flag("exporter.url", "The node's gpu-orphan-exporter metrics, asked who each dead owner was: it remembers owners while they live, and ps starts after the death. Empty: do not ask.").Default(defaultExporterURL).String()
 
 	clean := app.Command("clean", "Clean up one GPU by hand: take a fresh snapshot, print the plan (which process groups, and why), then with --act signal them (SIGTERM, SIGKILL after the grace) through pidfds and verify that the memory came back. Replaces `kill -- -$PGID` scripts. "+
@@ -76,7 +77,7 @@ func run(args []string) int {
 	logger := promslog.New(logConfig)
 	switch cmd {
 	case ps.FullCommand():
-		return runPS(logger, backend, *psOutput, *psExporter)
+		return runPS(logger, backend, *psOutput, *psExporter, *psStore)
 	case rep.FullCommand():
 		return runReport(ro)
 	case clean.FullCommand():

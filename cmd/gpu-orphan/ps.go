@@ -18,15 +18,19 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 )
 
-func runPS(logger *slog.Logger, backend *cli.Backend, output, exporterURL string) int {
+func runPS(logger *slog.Logger, backend *cli.Backend, output, exporterURL, storePath string) int {
 	node, err := backend.Open(logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan: %s\n", esc(err.Error()))
 		return 1
 	}
 	defer node.Driver.Close()
-	s := node.Taker.Take(context.Background(), true)
+	// The same verdicts as the node agent's: its record of descent.
+	mem := snapshot.NewLineage()
+	proofSource := readAgentLineage(context.Background(), mem, node.Proc, storePath, logger)
+	s := node.Taker.TakeWith(context.Background(), true, mem)
 	r := NewReport(s, node.Driver.DevicePath)
+	r.ProofSource = proofSource
 	nameDeadOwners(context.Background(), &r, exporterURL)
 	switch output {
 	case "json":
@@ -130,6 +134,9 @@ func writeTable(w io.Writer, r Report) {
 		if slices.ContainsFunc(g.Suspects, func(h ReportHolder) bool { return h.Reason == snapshot.ReasonUnexplained }) {
 			fmt.Fprintln(w, "  unexplained holders map the GPU, but nothing the kernel records ties them to a dead owner: they are never")
 			fmt.Fprintln(w, "  signalled for one. Look at them: what they run, who started them (docs/safety.md, \"When an orphan is missed\").")
+			if r.ProofSource != "" {
+				fmt.Fprintf(w, "  %s\n", esc(r.ProofSource))
+			}
 		}
 	}
 	if len(r.FDScanShieldedPIDs) > 0 {

@@ -23,6 +23,9 @@ type Report struct {
 	// policy hides even from CAP_SYS_PTRACE; they do not fail the scan.
 	FDScanShieldedPIDs []int       `json:"fdscan_shielded_pids,omitempty"`
 	GPUs               []ReportGPU `json:"gpus"`
+	// ProofSource says whose record of descent proved the inheritors: the
+	// node agent's store, or none (then no holder is proven one).
+	ProofSource string `json:"proof_source,omitempty"`
 }
 
 // ReportSource is one input's health.
