@@ -43,8 +43,8 @@ var (
 	suspectsDesc     = gpuDesc("suspect_holders", "Number of live processes holding the GPU that are suspects (see gpu_orphan_holder_info).")
 
 	processDesc = gpuDesc("process_memory_bytes", "GPU memory NVML charges to one listed PID, and whether that PID is alive.", "pid", "comm", "alive")
-	holderDesc  = gpuDesc("holder_info", "A live process holding the GPU's device node that is a suspect, with the reason; value 1.",
-		"pid", "pgid", "sid", "ppid", "comm", "user", "container_id", "pod_uid", "reason")
+	holderDesc  = gpuDesc("holder_info", "A live process holding the GPU's device node that is a suspect, with the reason and what proves it (or, for unexplained_holder, why nothing does); value 1.",
+		"pid", "pgid", "sid", "ppid", "comm", "user", "container_id", "pod_uid", "reason", "proof")
 
 	deadOwnerDesc = gpuDesc("dead_owner_info", "A PID that NVML lists as an owner on the GPU but that is dead, with who it was while it lived (empty when this exporter never saw it alive: it started after the owner died); value 1.",
 		"pid", "comm", "user", "slurm_job", "pod_uid", "container_id")
@@ -164,7 +164,7 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, g snapshot.GPU, take
 	}
 	for _, h := range g.Suspects {
 		gauge(holderDesc, 1, strconv.Itoa(h.PID), strconv.Itoa(h.PGID), strconv.Itoa(h.SID), strconv.Itoa(h.PPID),
-			h.Comm, h.User, h.Container, h.Pod, h.Reason)
+			h.Comm, h.User, h.Container, h.Pod, h.Reason, h.Proof)
 	}
 }
 

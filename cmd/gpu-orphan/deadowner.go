@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"io"
 	"net"
 	"net/http"
@@ -48,6 +49,13 @@ const askTimeout = 3 * time.Second
 // error is one plain sentence for the table: why the exporter could not be
 // asked, its cause in a few words, and what to do.
 func deadOwners(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwner, error) {
+	owners, _, err := askExporter(ctx, url)
+	return owners, err
+}
+
+// askExporter reads the dead owners and the holders' verdicts from the
+// exporter's metrics at url.
+func askExporter(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwner, map[deadOwnerKey]exporterVerdict, error) {
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -55,21 +63,21 @@ func deadOwners(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwn
 		err = errors.New("it needs http:// or https://")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--exporter.url %q is not a URL (%s); give gpu-orphan-exporter's, such as %s", url, briefCause(err), defaultExporterURL)
+		return nil, nil, fmt.Errorf("--exporter.url %q is not a URL (%s); give gpu-orphan-exporter's, such as %s", url, briefCause(err), defaultExporterURL)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("no exporter answers at %s (%s); start gpu-orphan-exporter, or pass --exporter.url", url, briefCause(err))
+		return nil, nil, fmt.Errorf("no exporter answers at %s (%s); start gpu-orphan-exporter, or pass --exporter.url", url, briefCause(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s, not metrics; pass gpu-orphan-exporter's metrics URL as --exporter.url", url, resp.Status)
+		return nil, nil, fmt.Errorf("%s answered %s, not metrics; pass gpu-orphan-exporter's metrics URL as --exporter.url", url, resp.Status)
 	}
-	owners, err := parseDeadOwners(io.LimitReader(resp.Body, 64<<20))
+	owners, holders, err := parseExporter(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("%s serves no Prometheus metrics (%s); pass gpu-orphan-exporter's metrics URL as --exporter.url", url, briefCause(err))
+		return nil, nil, fmt.Errorf("%s serves no Prometheus metrics (%s); pass gpu-orphan-exporter's metrics URL as --exporter.url", url, briefCause(err))
 	}
-	return owners, nil
+	return owners, holders, nil
 }
 
 // briefCause is err's root cause in a few words ("connection refused",
@@ -92,16 +100,43 @@ func briefCause(err error) string {
 	}
 }
 
+// exporterVerdict is what the exporter says of one suspect holder.
+type exporterVerdict struct {
+	reason, proof, pgid, ppid string
+}
+
+// parseHolders reads gpu_orphan_holder_info: the exporter's verdict on
+// each suspect, by GPU and PID.
+func parseHolders(mfs map[string]*dto.MetricFamily) map[deadOwnerKey]exporterVerdict {
+	out := map[deadOwnerKey]exporterVerdict{}
+	for _, m := range mfs["gpu_orphan_holder_info"].GetMetric() {
+		l := labels(m)
+		pid, err := strconv.ParseUint(l["pid"], 10, 32)
+		if err != nil {
+			continue
+		}
+		out[deadOwnerKey{l["uuid"], uint32(pid)}] = exporterVerdict{reason: l["reason"], proof: l["proof"], pgid: l["pgid"], ppid: l["ppid"]}
+	}
+	return out
+}
+
 func parseDeadOwners(r io.Reader) (map[deadOwnerKey]ReportDeadOwner, error) {
+	owners, _, err := parseExporter(r)
+	return owners, err
+}
+
+// parseExporter reads the dead owners and the holders' verdicts.
+func parseExporter(r io.Reader) (map[deadOwnerKey]ReportDeadOwner, map[deadOwnerKey]exporterVerdict, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, fmt.Errorf("parsing the exporter's metrics: %w", err)
+		return nil, nil, fmt.Errorf("parsing the exporter's metrics: %w", err)
 	}
+	holders := parseHolders(mfs)
 	out := map[deadOwnerKey]ReportDeadOwner{}
 	mf := mfs["gpu_orphan_dead_owner_info"]
 	if mf == nil {
-		return out, nil
+		return out, holders, nil
 	}
 	for _, m := range mf.GetMetric() {
 		l := labels(m)
@@ -116,7 +151,7 @@ func parseDeadOwners(r io.Reader) (map[deadOwnerKey]ReportDeadOwner, error) {
 		}
 		out[deadOwnerKey{l["uuid"], uint32(pid)}] = d
 	}
-	return out, nil
+	return out, holders, nil
 }
 
 func labels(m *dto.Metric) map[string]string {
@@ -131,10 +166,12 @@ func labels(m *dto.Metric) map[string]string {
 // exporter at url; when it cannot be asked, each says why.
 func nameDeadOwners(ctx context.Context, r *Report, url string) {
 	var known map[deadOwnerKey]ReportDeadOwner
+	var verdicts map[deadOwnerKey]exporterVerdict
 	var askErr error
 	if url != "" {
-		known, askErr = deadOwners(ctx, url)
+		known, verdicts, askErr = askExporter(ctx, url)
 	}
+	adoptVerdicts(r, verdicts)
 	for i := range r.GPUs {
 		g := &r.GPUs[i]
 		for j := range g.Owners {
@@ -166,4 +203,23 @@ func describeDeadOwner(pid uint32, d *ReportDeadOwner) string {
 	}
 	return remediate.DeadOwner{PID: pid, Known: true, Comm: d.Comm, User: d.User, SlurmJob: d.SlurmJob,
 		PodUID: d.PodUID, ContainerID: d.ContainerID}.Who()
+}
+
+// adoptVerdicts gives a holder that this command could not prove an
+// inheritor the exporter's verdict, when the exporter, which followed the
+// node's forks, proved it one: the same GPU, PID, group and parent. It is
+// marked as the exporter's; ps shows it, and nothing acts on it.
+func adoptVerdicts(r *Report, verdicts map[deadOwnerKey]exporterVerdict) {
+	for i := range r.GPUs {
+		g := &r.GPUs[i]
+		for j := range g.Suspects {
+			h := &g.Suspects[j]
+			v, ok := verdicts[deadOwnerKey{g.UUID, uint32(h.PID)}]
+			if !ok || h.Reason != snapshot.ReasonUnexplained || v.reason != snapshot.ReasonInheritedFromDeadOwner ||
+				v.pgid != strconv.Itoa(h.PGID) || v.ppid != strconv.Itoa(h.PPID) {
+				continue
+			}
+			h.Reason, h.Proof = v.reason, v.proof+" (exporter)"
+		}
+	}
 }
