@@ -42,7 +42,7 @@ func forkOrphan() *snapshot.Snapshot {
 				}}},
 				OwnedDeadBytes: 6754 * gpu.MiB, UnattributedBytes: 8 * gpu.MiB, UnownedBytes: 6762 * gpu.MiB,
 				Scanned: true, HolderPIDs: []int{5001},
-				Suspects:     []snapshot.Holder{{Process: child, Reason: snapshot.ReasonInheritedFromDeadOwner}},
+				Suspects:     []snapshot.Holder{{Process: child, Reason: snapshot.ReasonInheritedFromDeadOwner, Proof: snapshot.ProofDescentAtFork, DeadOwner: 5000}},
 				UnownedSince: taken.Add(-90 * time.Second),
 			},
 			{Device: gpu.Device{Index: 1, UUID: "GPU-1", Name: "NVIDIA H200", Minor: 1}, Unsupported: "mig"},

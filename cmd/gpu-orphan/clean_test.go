@@ -56,13 +56,14 @@ func TestCleanRefusesOwnSession(t *testing.T) {
 	// The node agent runs all along: it sees the workers fork, and clean
 	// reads its proof in its store once it has recorded it.
 	storePath := filepath.Join(t.TempDir(), "r.db")
-	testenv.NodeAgent(t, root, storePath)
+	agent := testenv.NodeAgent(t, root, storePath)
 	script := testenv.StartScript(t, `
 set -um
 "$SIM" run --root "$ROOT" --gpu 1 --mib 1024 --children 2 > "$DIR/ready" &
 until [ -s "$DIR/ready" ]; do sleep 0.05; done
 cat "$DIR/ready"
 read _ parent _ < "$DIR/ready"
+until [ -e "$DIR/seen" ]; do sleep 0.05; done
 { kill -9 "$parent"; wait "$parent"; } 2>/dev/null
 until [ -e "$DIR/recorded" ]; do sleep 0.05; done
 "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s --store.path="$STORE" > "$DIR/same.out" 2>&1; echo $? > "$DIR/same.rc"
@@ -70,6 +71,16 @@ until [ -e "$DIR/go" ]; do sleep 0.05; done
 setsid -w "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s --store.path="$STORE" > "$DIR/other.out" 2>&1; echo $? > "$DIR/other.rc"
 `, "SIM="+testenv.Bin(t, "gpu-orphan-sim"), "CLI="+testenv.Bin(t, "gpu-orphan"), "ROOT="+root, "DIR="+dir, "STORE="+storePath)
 	w := script.Ready(t)
+	// A snapshot sees the workers share the live trainer's open file
+	// before it dies: the proof needs no race with the fork events.
+	testenv.Eventually(t, 10*time.Second, "the node agent to see the workers", func() bool {
+		_, mfs := testenv.Scrape(t, agent+"/metrics")
+		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_recorded_descendants", nil)
+		return v >= 2
+	})
+	if err := os.WriteFile(filepath.Join(dir, "seen"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	waitInherited(t, storePath, w.Children...)
 	if err := os.WriteFile(filepath.Join(dir, "recorded"), nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -72,8 +72,9 @@ type Record struct {
 }
 
 // quietFor is how long a parent seen holding no GPU device is not read
-// again when it forks and its children exec.
-const quietFor = 2 * time.Second
+// again when its children exec: a shell's fork-and-exec storm costs a few
+// reads a second, and a parent that opens the GPU is read again soon.
+const quietFor = 250 * time.Millisecond
 
 // exitSettle is how long after an exit event a process is checked: the
 // event is sent while the task is still exiting.
