@@ -297,6 +297,19 @@ func (r *Record) Inherits(h Key, owner int, ownerStart uint64) (Key, error) {
 	return Key{}, ErrNotFromThe
 }
 
+// ExecedChild returns the parent of h when h was seen forking from it and
+// then ran exec that could not be checked to keep the parent's files (the
+// parent was gone, or held none of the GPUs then).
+func (r *Record) ExecedChild(h Key) (Key, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[h]
+	if e == nil || !e.atFork || !e.execed || e.keptFiles {
+		return Key{}, false
+	}
+	return e.parent, true
+}
+
 // Apply records one event. Reading /proc for it happens here: a child's
 // start time at its fork, its files and its parent's at its exec.
 func (r *Record) Apply(ev procevents.Event) {

@@ -145,7 +145,7 @@ func (l *Lineage) RestoreState(data []byte, bootID string) error {
 			}
 			proof := "descent"
 			if proven {
-				if d.Proof != ProofDescentAtFork && d.Proof != ProofSharedOwnerFile && d.Proof != ProofSharesFile {
+				if d.Proof != ProofDescentAtFork && d.Proof != ProofSharedOwnerFile && d.Proof != ProofSharesFile && d.Proof != ProofExecedSiblingsShare {
 					return nil, fmt.Errorf("the state has inheritors proven by %q, which this build does not know", d.Proof)
 				}
 				proof = d.Proof

@@ -293,3 +293,41 @@ func TestDeadOwnersHaveTheirOwnClocks(t *testing.T) {
 		t.Errorf("dead since %v and %v, want %v and %v", a.DeadSince, b.DeadSince, s1.Taken, s2.Taken)
 	}
 }
+
+// TestProofExecedSiblings: a trainer's workers ran exec, and the record
+// could not check that they kept its files (here it knows no GPU device to
+// check against, as when the trainer died before the check). Two of them
+// share an open file of the device: both hold the trainer's. One alone
+// stays unproven (exec_since_fork).
+func TestProofExecedSiblings(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			d := newDriver(t, gpu0{})
+			rec := forks.New(procFS(t))
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			if st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler)); !st.Up() {
+				t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
+			}
+			mem := NewLineage()
+			mem.UseForks(rec)
+			trainer, workers := forkOrphan(t, d.DevicePath(0), n, false)
+			d = withGPU0(t, d, gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(trainer, 6754)}})
+			var s *Snapshot
+			testenv.Eventually(t, 5*time.Second, "the workers' execs to be recorded", func() bool {
+				s = takeWith(t, d, mem)
+				h, _ := suspectOf(s.GPUs[0], workers[0])
+				return h.Proof != NoProofNotAtFork && h.Proof != NoProof
+			})
+			for _, w := range workers {
+				h, _ := suspectOf(s.GPUs[0], w)
+				switch {
+				case n == 2 && (h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofExecedSiblingsShare):
+					t.Errorf("worker %d of 2: %s %s, want inherited, %s", w, h.Reason, h.Proof, ProofExecedSiblingsShare)
+				case n == 1 && (h.Reason != ReasonUnexplained || h.Proof != NoProofExeced):
+					t.Errorf("the only worker %d: %s %s, want unexplained, %s", w, h.Reason, h.Proof, NoProofExeced)
+				}
+			}
+		})
+	}
+}

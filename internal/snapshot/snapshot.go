@@ -48,6 +48,11 @@ const (
 	// ProofSharesFile: it shares an open file of the device (kcmp) with a
 	// proven inheritor of the same dead owner.
 	ProofSharesFile = "shares_open_file_with_inheritor"
+	// ProofExecedSiblingsShare: it and another child of the dead owner,
+	// both seen forking from it and both having run exec that could not be
+	// checked, share an open file of the device (kcmp): a file that two of
+	// its children share was the owner's.
+	ProofExecedSiblingsShare = "siblings_share_owner_open_file"
 )
 
 // Why an unexplained holder is not proven (Holder.Proof). Each is a reason

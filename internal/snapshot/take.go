@@ -621,6 +621,7 @@ func (t *Taker) suspects(g GPU, holders []Holding, raw map[int]proc.Holding, mem
 			unproven = append(unproven, hd)
 		}
 	}
+	proven, unproven = t.proveExecedSiblings(g, proven, unproven, raw, mem)
 	// A holder that shares an open file of the device with a proven
 	// inheritor holds the same dead context (passed on by fork or
 	// SCM_RIGHTS after the walks that recorded descent).
@@ -723,6 +724,58 @@ func noProofFor(err error) string {
 		return NoProofOwnerPIDReused
 	}
 	return ""
+}
+
+// proveExecedSiblings proves the children of one dead owner that ran exec
+// when two of them share an open file of the device (kcmp): processes
+// forked from the owner share a file only if it was in the owner's table
+// when they forked (or was passed between them). It covers workers whose
+// exec could not be checked against the owner's files because the owner
+// died first (gpu-orphan-sim's workers run exec; PyTorch's do not). One
+// such child alone stays unproven.
+func (t *Taker) proveExecedSiblings(g GPU, proven, unproven []Holder, raw map[int]proc.Holding, mem *Lineage) ([]Holder, []Holder) {
+	rec := mem.forkRecord()
+	if rec == nil {
+		return proven, unproven
+	}
+	byOwner := map[forks.Key][]int{} // dead owner -> indexes into unproven
+	for i, u := range unproven {
+		if u.Proof != NoProofExeced {
+			continue
+		}
+		parent, ok := rec.ExecedChild(forks.Key{PID: u.PID, Start: u.StartTime})
+		if !ok {
+			continue
+		}
+		o, dead := g.Owner(parent.PID)
+		if !dead || o.Alive || (o.Identity != nil && o.Identity.StartTime != parent.Start) {
+			continue
+		}
+		byOwner[parent] = append(byOwner[parent], i)
+	}
+	sibling := map[int]int{} // index into unproven -> dead owner PID
+	for owner, idxs := range byOwner {
+		for a := 0; a < len(idxs); a++ {
+			for b := a + 1; b < len(idxs); b++ {
+				if t.sharesFile(raw[unproven[idxs[a]].PID], raw[unproven[idxs[b]].PID]) {
+					sibling[idxs[a]], sibling[idxs[b]] = owner.PID, owner.PID
+				}
+			}
+		}
+	}
+	if len(sibling) == 0 {
+		return proven, unproven
+	}
+	var rest []Holder
+	for i, u := range unproven {
+		if owner, ok := sibling[i]; ok {
+			u.Reason, u.DeadOwner, u.Proof = ReasonInheritedFromDeadOwner, owner, ProofExecedSiblingsShare
+			proven = append(proven, u)
+			continue
+		}
+		rest = append(rest, u)
+	}
+	return proven, rest
 }
 
 // deadOwnerKey names a dead owner for its descent records: by PID and start
