@@ -57,6 +57,7 @@ type options struct {
 	gpu, mib, children int
 	expPort, remPort   int
 	promPort, amPort   int
+	freePorts          bool
 	daemonLogLevel     string
 }
 
@@ -82,6 +83,9 @@ func run() int {
 	cli.IntVar(app.Flag("remediator.port", "The remediator's port; 0: 10836.").Envar("REMEDIATOR_PORT"), &o.remPort)
 	cli.IntVar(app.Flag("prometheus.port", "Prometheus's port; 0: 9090, or 19090 if busy.").Envar("PROMETHEUS_PORT"), &o.promPort)
 	cli.IntVar(app.Flag("alertmanager.port", "Alertmanager's port; 0: 9093, or 19093 if busy.").Envar("ALERTMANAGER_PORT"), &o.amPort)
+	app.Flag("ports.free", "Free ports instead of the defaults: for a run beside another, as the end-to-end tests do. "+
+		"The exporter and the remediator serve on sockets the demo holds; Prometheus and Alertmanager on ports below the kernel's ephemeral range.").
+		Envar("FREE_PORTS").BoolVar(&o.freePorts)
 	app.Flag("daemons.log-level", "The daemons' --log.level; empty: their default.").StringVar(&o.daemonLogLevel)
 	if _, err := app.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-demo: %s\n", cli.ParseError(app, err))
@@ -113,16 +117,23 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
+	p := stack.Ports{
+		Exporter: ports(o.expPort, 10835), Remediator: ports(o.remPort, 10836),
+		Prometheus: ports(o.promPort, 9090, 19090), Alertmanager: ports(o.amPort, 9093, 19093),
+	}
+	if o.freePorts {
+		if o.expPort != 0 || o.remPort != 0 || o.promPort != 0 || o.amPort != 0 {
+			return fail("--ports.free (FREE_PORTS) and a port that is set exclude each other")
+		}
+		p = stack.Ports{}
+	}
 
 	n.Bold(fmt.Sprintf("gpu-orphan: the whole loop on node '%s' (%s backend)", o.node, o.backend))
 	n.Info("configs, token, logs and data: " + dir)
 	s, err := stack.Start(ctx, stack.Config{
 		Dir: dir, BinDir: o.binDir, Prometheus: prom, Alertmanager: am, RulesFile: o.rules,
 		Backend: o.backend, NodeName: o.node, DryRun: !o.act, LogLevel: o.daemonLogLevel,
-		Ports: stack.Ports{
-			Exporter: ports(o.expPort, 10835), Remediator: ports(o.remPort, 10836),
-			Prometheus: ports(o.promPort, 9090, 19090), Alertmanager: ports(o.amPort, 9093, 19093),
-		},
+		Ports:   p,
 		OnEvent: n.Event,
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -53,15 +54,18 @@ func TestEscalateTaint(t *testing.T) {
 	if err := os.WriteFile(tok, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := testenv.FreeAddr(t)
-	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr, "--auth.token-file="+tok,
+	// The dispatcher serves on a socket the test holds from the start: no
+	// port to lose to another process, and the first request waits in the
+	// socket's backlog until the dispatcher serves.
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.systemd-socket", "--auth.token-file="+tok,
 		"--dispatch.targets-file="+targets, "--dispatch.kubernetes.kubeconfig="+api.Kubeconfig(t), "--escalate.taint",
 		"--store.path="+filepath.Join(dir, "d.db"))
-	base := "http://" + addr
-	testenv.Eventually(t, 20*time.Second, "the dispatcher to serve", func() bool {
+	base := "http://" + testenv.PassListener(t, cmd)
+	testenv.DaemonCmd(t, cmd)
+	testenv.Eventually(t, 20*time.Second, "the dispatcher to be ready", func() bool {
 		resp, err := http.Get(base + "/-/ready")
 		if err != nil {
-			return false
+			t.Fatalf("the dispatcher did not serve: %v", err)
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK

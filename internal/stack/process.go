@@ -32,13 +32,12 @@ type daemon struct {
 	err  error         // its exit status, once done is closed
 }
 
-func startDaemon(name, log, bin string, args ...string) (*daemon, error) {
+func startDaemon(name, log string, cmd *exec.Cmd) (*daemon, error) {
 	logf, err := os.Create(log)
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{name: name, log: log, done: make(chan struct{})}
-	d.cmd = exec.Command(bin, args...)
+	d := &daemon{name: name, log: log, done: make(chan struct{}), cmd: cmd}
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {

@@ -28,6 +28,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/freeport"
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // Backends.
@@ -82,7 +85,11 @@ type Config struct {
 	// DryRun runs the remediator without --act.
 	DryRun bool
 	// Ports lists, per daemon, the ports to try on 127.0.0.1, in order; an
-	// empty list takes a free one.
+	// empty list takes a free one: for the exporter and the remediator, a
+	// socket on 127.0.0.1:0 that the stack listens on and hands down
+	// (--web.systemd-socket); for Prometheus and Alertmanager, which bind
+	// their own, a port below the kernel's ephemeral range, another one if
+	// it is taken first (freeport).
 	Ports Ports
 	// LogLevel is every daemon's --log.level; empty leaves their default.
 	LogLevel string
@@ -209,23 +216,21 @@ func (s *Stack) start(ctx context.Context) error {
 		return err
 	}
 
-	exp, err := pickPort("exporter", cfg.Ports.Exporter)
+	// The exporter and the remediator serve on sockets the stack holds
+	// from the start and hands down; Prometheus and Alertmanager bind their
+	// own ports (startBound).
+	expL, err := listen("exporter", cfg.Ports.Exporter)
 	if err != nil {
 		return err
 	}
-	rem, err := pickPort("remediator", cfg.Ports.Remediator, exp)
+	defer expL.Close() // once handed down, or when the start fails first
+	remL, err := listen("remediator", cfg.Ports.Remediator)
 	if err != nil {
 		return err
 	}
-	prom, err := pickPort("Prometheus", cfg.Ports.Prometheus, exp, rem)
-	if err != nil {
-		return err
-	}
-	am, err := pickPort("Alertmanager", cfg.Ports.Alertmanager, exp, rem, prom)
-	if err != nil {
-		return err
-	}
-	s.URLs = URLs{Exporter: "http://" + exp, Remediator: "http://" + rem, Prometheus: "http://" + prom, Alertmanager: "http://" + am}
+	defer remL.Close()
+	exp, rem := expL.Addr().String(), remL.Addr().String()
+	s.URLs = URLs{Exporter: "http://" + exp, Remediator: "http://" + rem}
 
 	src, err := os.ReadFile(cfg.RulesFile)
 	if err != nil {
@@ -239,12 +244,9 @@ func (s *Stack) start(ctx context.Context) error {
 	if err := os.WriteFile(s.RulesCopy, rules, 0o644); err != nil {
 		return err
 	}
-	vars := map[string]string{"RULES": s.RulesCopy, "ALERTMANAGER": am, "EXPORTER": exp, "REMEDIATOR": rem,
+	vars := map[string]string{"RULES": s.RulesCopy, "EXPORTER": exp, "REMEDIATOR": rem,
 		"NODE": cfg.NodeName, "TOKEN_FILE": s.TokenFile}
 	promConfig, amConfig := filepath.Join(dir, "prometheus.yml"), filepath.Join(dir, "alertmanager.yml")
-	if err := fill(prometheusTmpl, promConfig, vars); err != nil {
-		return err
-	}
 	if err := fill(alertmanagerTmpl, amConfig, vars); err != nil {
 		return err
 	}
@@ -266,50 +268,76 @@ func (s *Stack) start(ctx context.Context) error {
 	if cfg.DryRun {
 		act = nil
 	}
-	starts := []struct {
-		name, log, bin string
-		args           []string
-		ready          string
+	ready := map[string]string{}
+	for _, st := range []struct {
+		name, log string
+		l         *net.TCPListener
+		args      []string
+		ready     string
 	}{
-		{"gpu-orphan-exporter", "exporter.log", s.bin("gpu-orphan-exporter"), concat(source,
-			[]string{"--web.listen-address=" + exp, "--collector.interval=" + collectorInterval}, logLevel),
+		{"gpu-orphan-exporter", "exporter.log", expL, concat(source,
+			[]string{"--collector.interval=" + collectorInterval}, logLevel),
 			s.URLs.Exporter + "/metrics"},
-		{"gpu-orphan-remediator", "remediator.log", s.bin("gpu-orphan-remediator"), concat([]string{"--role=node"}, act,
+		{"gpu-orphan-remediator", "remediator.log", remL, concat([]string{"--role=node"}, act,
 			[]string{"--node.name=" + cfg.NodeName}, source, []string{
 				"--auth.token-file=" + s.TokenFile, "--store.path=" + filepath.Join(dir, "remediator.db"),
 				// /actions opens in a browser without the token: the stack
 				// listens on 127.0.0.1 only.
-				"--web.ui.open", "--web.listen-address=" + rem, "--collector.interval=" + collectorInterval,
+				"--web.ui.open", "--collector.interval=" + collectorInterval,
 				"--remediate.min-age=" + minAge, "--remediate.grace=" + grace, "--remediate.verify-timeout=" + verifyTimeout,
 			}, logLevel),
 			s.URLs.Remediator + "/-/ready"},
-		{"alertmanager", "alertmanager.log", cfg.Alertmanager, concat([]string{
-			"--config.file=" + amConfig, "--storage.path=" + filepath.Join(dir, "alertmanager-data"),
-			"--web.listen-address=" + am, "--cluster.listen-address=", "--web.external-url=" + s.URLs.Alertmanager,
-		}, logLevel), s.URLs.Alertmanager + "/-/ready"},
-		{"prometheus", "prometheus.log", cfg.Prometheus, concat([]string{
-			"--config.file=" + promConfig, "--storage.tsdb.path=" + filepath.Join(dir, "prometheus-data"),
-			"--web.listen-address=" + prom, "--web.external-url=" + s.URLs.Prometheus,
-		}, logLevel), s.URLs.Prometheus + "/-/ready"},
-	}
-	for _, st := range starts {
-		d, err := startDaemon(st.name, filepath.Join(s.Logs, st.log), st.bin, st.args...)
+	} {
+		cmd := exec.Command(s.bin(st.name), append([]string{freeport.SystemdSocketFlag}, st.args...)...)
+		f, err := freeport.Pass(cmd, st.l)
+		if err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+		d, err := startDaemon(st.name, filepath.Join(s.Logs, st.log), cmd)
+		f.Close()
 		if err != nil {
 			return err
 		}
-		s.mu.Lock()
-		s.daemons = append(s.daemons, d)
-		s.sessions = append(s.sessions, d.pid())
-		s.mu.Unlock()
+		s.add(d)
+		ready[st.name] = st.ready
 	}
-	for i, st := range starts {
-		if err := s.poll(ctx, 30*time.Second, st.ready+" to answer 200", func() (bool, string) {
-			code := statusOf(ctx, st.ready, "")
-			return code == http.StatusOK, fmt.Sprintf("status %d", code)
-		}); err != nil {
+
+	// Alertmanager first: Prometheus's configuration names its address.
+	am, err := s.startBound(ctx, "alertmanager", "Alertmanager", cfg.Alertmanager, cfg.Ports.Alertmanager, func(addr string) []string {
+		return concat([]string{
+			"--config.file=" + amConfig, "--storage.path=" + filepath.Join(dir, "alertmanager-data"),
+			"--web.listen-address=" + addr, "--cluster.listen-address=", "--web.external-url=http://" + addr,
+		}, logLevel)
+	})
+	if err != nil {
+		return err
+	}
+	s.URLs.Alertmanager = "http://" + am
+	vars["ALERTMANAGER"] = am
+	if err := fill(prometheusTmpl, promConfig, vars); err != nil {
+		return err
+	}
+	prom, err := s.startBound(ctx, "prometheus", "Prometheus", cfg.Prometheus, cfg.Ports.Prometheus, func(addr string) []string {
+		return concat([]string{
+			"--config.file=" + promConfig, "--storage.tsdb.path=" + filepath.Join(dir, "prometheus-data"),
+			"--web.listen-address=" + addr, "--web.external-url=http://" + addr,
+		}, logLevel)
+	})
+	if err != nil {
+		return err
+	}
+	s.URLs.Prometheus = "http://" + prom
+	ready["alertmanager"] = s.URLs.Alertmanager + "/-/ready"
+	ready["prometheus"] = s.URLs.Prometheus + "/-/ready"
+
+	s.mu.Lock()
+	daemons := slices.Clone(s.daemons)
+	s.mu.Unlock()
+	for _, d := range daemons {
+		if err := s.waitReady(ctx, ready[d.name]); err != nil {
 			return err
 		}
-		s.emit(Event{Stage: StageUp, Text: fmt.Sprintf("%s (pid %d) %s", st.name, s.daemons[i].pid(), st.ready)})
+		s.emit(Event{Stage: StageUp, Text: fmt.Sprintf("%s (pid %d) %s", d.name, d.pid(), ready[d.name])})
 	}
 	return s.poll(ctx, 20*time.Second, "Prometheus to scrape both targets", func() (bool, string) {
 		samples, err := s.Query(ctx, `up{node="`+cfg.NodeName+`"} == 1`)
@@ -417,14 +445,11 @@ func (s *Stack) emit(ev Event) {
 
 // poll calls cond every 100ms until it holds. It fails when timeout (if
 // not 0) passes, ctx ends or a daemon exits; cond's string says what it
-// last saw, for the error.
+// last saw, for the error. The timeout is what the wait takes on an idle
+// machine: it is stretched by the machine's slowness (the load per CPU,
+// slowness.Factor), measured again at each poll.
 func (s *Stack) poll(ctx context.Context, timeout time.Duration, what string, cond func() (bool, string)) error {
-	var deadline <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		deadline = t.C
-	}
+	start, factor := time.Now(), slowness.Factor()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	last := ""
@@ -439,11 +464,17 @@ func (s *Stack) poll(ctx context.Context, timeout time.Duration, what string, co
 		if err := s.Err(); err != nil {
 			return fmt.Errorf("waiting for %s: %w", what, err)
 		}
+		factor = max(factor, slowness.Factor())
+		if timeout > 0 && time.Since(start) > slowness.Scale(timeout, factor) {
+			given := ""
+			if factor > 1 {
+				given = fmt.Sprintf(" (%s on this machine, %.1f times slower than idle)", slowness.Scale(timeout, factor).Round(100*time.Millisecond), factor)
+			}
+			return fmt.Errorf("%w after %s%s waiting for %s; last seen: %s", ErrTimeout, timeout, given, what, last)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w (last seen: %s)", what, context.Cause(ctx), last)
-		case <-deadline:
-			return fmt.Errorf("%w after %s waiting for %s; last seen: %s", ErrTimeout, timeout, what, last)
 		case <-tick.C:
 		}
 	}
@@ -452,39 +483,115 @@ func (s *Stack) poll(ctx context.Context, timeout time.Duration, what string, co
 // ErrTimeout is returned when a stage does not come in time.
 var ErrTimeout = errors.New("timed out")
 
-// pickPort returns 127.0.0.1:PORT for the first of ports that is free, or
-// any free port when there are none. taken are addresses already picked.
-func pickPort(what string, ports []int, taken ...string) (string, error) {
+// add records a daemon the stack started, for Stop.
+func (s *Stack) add(d *daemon) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.daemons = append(s.daemons, d)
+	s.sessions = append(s.sessions, d.pid())
+}
+
+// forget drops a daemon that exited before it served.
+func (s *Stack) forget(d *daemon) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.daemons = slices.DeleteFunc(s.daemons, func(x *daemon) bool { return x == d })
+	s.sessions = slices.DeleteFunc(s.sessions, func(sid int) bool { return sid == d.pid() })
+}
+
+// waitReady waits for url to answer 200.
+func (s *Stack) waitReady(ctx context.Context, url string) error {
+	return s.poll(ctx, 30*time.Second, url+" to answer 200", func() (bool, string) {
+		code := statusOf(ctx, url, "")
+		return code == http.StatusOK, fmt.Sprintf("status %d", code)
+	})
+}
+
+// listen listens on 127.0.0.1: on the first of ports that is free, or on
+// any port (127.0.0.1:0) when there are none. The socket is handed to the
+// daemon (freeport.Pass), so no other process can take its port between
+// the choice and the daemon's start.
+func listen(what string, ports []int) (*net.TCPListener, error) {
 	if len(ports) == 0 {
-		for range 10 {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return "", err
-			}
-			addr := l.Addr().String()
-			l.Close()
-			if !slices.Contains(taken, addr) {
-				return addr, nil
-			}
-		}
-		return "", fmt.Errorf("%s: no free port", what)
+		return freeport.Listen()
 	}
 	for _, p := range ports {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
-		if slices.Contains(taken, addr) {
-			continue
-		}
-		if l, err := net.Listen("tcp", addr); err == nil {
-			l.Close()
-			return addr, nil
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			return l.(*net.TCPListener), nil
 		}
 	}
+	return nil, inUse(what, ports)
+}
+
+func inUse(what string, ports []int) error {
 	var list []string
 	for _, p := range ports {
 		list = append(list, strconv.Itoa(p))
 	}
-	return "", fmt.Errorf("%s: port %s in use (another gpu-orphan, or a make run still running?): ss -ltnp 'sport = :%d'",
+	return fmt.Errorf("%s: port %s in use (another gpu-orphan, or a make run still running?): ss -ltnp 'sport = :%d'",
 		what, strings.Join(list, " and "), ports[0])
+}
+
+// freeAttempts bounds the ports that startBound tries when none are set.
+const freeAttempts = 5
+
+// startBound starts a daemon that binds its own port (Prometheus,
+// Alertmanager: neither takes a socket handed down), with args(addr), and
+// waits until it answers. The port is the first of ports that is free,
+// or, when there are none, one below the kernel's ephemeral range
+// (freeport.Reserve), where no outgoing connection takes ports. Another
+// process may still bind it between the check and the daemon's bind: a
+// daemon that exits saying its address is in use is started again on the
+// next port, up to len(ports) or freeAttempts times. It returns the
+// address the daemon serves on.
+func (s *Stack) startBound(ctx context.Context, name, what, bin string, ports []int, args func(addr string) []string) (string, error) {
+	log := filepath.Join(s.Logs, name+".log")
+	n := len(ports)
+	if n == 0 {
+		n = freeAttempts
+	}
+	var tried []int
+	for i := range n {
+		var addr string
+		var release func()
+		if len(ports) == 0 {
+			p, err := freeport.Reserve("127.0.0.1")
+			if err != nil {
+				return "", fmt.Errorf("%s: %w", what, err)
+			}
+			addr, release = p.Addr, p.Release
+			tried = append(tried, p.Port)
+		} else {
+			// A port that is taken now is not worth a start.
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				continue
+			}
+			l.Close()
+			release = func() {}
+		}
+		d, err := startDaemon(name, log, exec.Command(bin, args(addr)...))
+		if err != nil {
+			release()
+			return "", err
+		}
+		s.add(d)
+		err = s.waitReady(ctx, "http://"+addr+"/-/ready")
+		release()
+		if err == nil {
+			return addr, nil
+		}
+		if d.exited() == nil || !freeport.InUse(tail(log, 20)) {
+			return "", err
+		}
+		// Taken between the check and its bind: it served nothing.
+		s.forget(d)
+	}
+	if len(ports) == 0 {
+		return "", fmt.Errorf("%s: ports %v were each taken before it could bind them", what, tried)
+	}
+	return "", inUse(what, ports)
 }
 
 // fill writes tmpl with its @KEY@ placeholders replaced to dst, and fails

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/freeport"
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 var (
@@ -278,27 +280,97 @@ func statFields(pid int) []string {
 	return strings.Fields(s[i+1:])
 }
 
-// FreeAddr returns a loopback address with a free port.
+// FreeAddr returns a loopback address for a daemon that binds it itself:
+// a port below the kernel's ephemeral range, where no outgoing connection
+// takes ports, that no other FreeAddr on the machine hands out until the
+// test ends (freeport.Reserve). A port from 127.0.0.1:0, closed again,
+// lies in that range, and any connection made before the daemon binds it
+// may take it. Better still, where the daemon takes a socket handed down
+// (ours do, with --web.systemd-socket): PassListener.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Reserve("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Cleanup(p.Release)
+	return p.Addr
 }
 
+// PassListener listens on 127.0.0.1:0 and hands the socket to cmd, which
+// must not have started, as systemd hands one to a service
+// (freeport.Pass): nothing can take the port, since it is never closed.
+// It returns the address. The daemon (any of ours) serves on it with
+// --web.systemd-socket, which the caller adds to cmd's arguments; start
+// cmd with DaemonCmd or Start.
+func PassListener(t testing.TB, cmd *exec.Cmd) string {
+	t.Helper()
+	l, err := freeport.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	f, err := freeport.Pass(cmd, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The child has its own copy once started: DaemonCmd closes this one
+	// then, so that the socket ends with the daemon; otherwise it goes at
+	// cleanup.
+	passed.Store(cmd, f)
+	t.Cleanup(func() {
+		passed.Delete(cmd)
+		f.Close()
+	})
+	return addr
+}
+
+// passed holds the socket PassListener handed to a command, until it has
+// started.
+var passed sync.Map // *exec.Cmd -> *os.File
+
 // Eventually polls cond every 20ms until it holds or timeout passes.
+//
+// The timeout is what the wait takes on an idle machine: it is stretched by
+// the machine's slowness (Slowness), measured again at each poll, so that
+// a load that comes during the wait stretches it too. A condition that
+// holds still ends the wait at once.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	start, factor := time.Now(), Slowness()
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		factor = max(factor, Slowness())
+		if time.Since(start) > scale(timeout, factor) {
+			t.Fatalf("timed out after %s waiting for %s%s", timeout, what, stretched(timeout, factor))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// SlownessEnv sets Slowness instead of the load (CI on a machine whose
+// load average is someone else's, for instance).
+const SlownessEnv = slowness.Env
+
+// Slowness is how many times slower than when idle this machine runs the
+// tests' processes now, from 1 to 10 (slowness.Factor): the runnable tasks
+// per CPU, from the load average of the last minute; SlownessEnv sets it
+// instead. With 2 CPUs under a load of 7 (a `make test` beside another),
+// 3.5: a wait of 5 s idle gets 17.5 s.
+func Slowness() float64 { return slowness.Factor() }
+
+// Scale is d stretched by Slowness: a test's own deadline, for what takes
+// d on an idle machine.
+func Scale(d time.Duration) time.Duration { return slowness.Scale(d, Slowness()) }
+
+func scale(d time.Duration, factor float64) time.Duration { return slowness.Scale(d, factor) }
+
+// stretched says how much longer than timeout a wait was given, if it was.
+func stretched(timeout time.Duration, factor float64) string {
+	if factor <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (stretched to %s: the machine ran %.1f times slower than idle; testenv.Slowness)",
+		scale(timeout, factor).Round(100*time.Millisecond), factor)
 }
 
 // Daemon starts a long-running binary, logging to a file kept for failed
@@ -313,14 +385,18 @@ func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
 // for instance.
 func DaemonCmd(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
 	t.Helper()
-	bin := cmd.Path
+	bin := freeport.Program(cmd)
 	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	if f, ok := passed.LoadAndDelete(cmd); ok {
+		f.(*os.File).Close()
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

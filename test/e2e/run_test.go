@@ -21,7 +21,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
-// demo is `make run` (cmd/gpu-orphan-demo) on free ports, in a temp
+// demo is `make run` (cmd/gpu-orphan-demo) on free ports (FREE_PORTS), in a temp
 // RUN_DIR, with the binaries this test built, so that it neither clashes
 // with a `make run` in progress nor tests a stale bin/. It runs in its own
 // process group, as a terminal's job. The settings go through the
@@ -36,15 +36,15 @@ func demo(ctx context.Context, t *testing.T, env ...string) (*exec.Cmd, *syncBuf
 	for _, b := range []string{"gpu-orphan-exporter", "gpu-orphan-remediator", "gpu-orphan-sim"} {
 		bin(t, b)
 	}
-	port := func() string {
-		a := testenv.FreeAddr(t)
-		return a[strings.LastIndexByte(a, ':')+1:]
-	}
 	runDir := t.TempDir()
 	cmd := exec.CommandContext(ctx, bin(t, "gpu-orphan-demo"))
 	cmd.Dir = root
+	// FREE_PORTS: the daemons' ports are chosen where they start, by
+	// internal/stack, so that nothing can take one in between.
+	// RUN_TIMEOUT: its default, 120 s, stretched by the machine's slowness
+	// as the test's own waits are.
 	cmd.Env = append(os.Environ(), "RUN_DIR="+runDir, "NODE_NAME=run-once", "BIN_DIR="+filepath.Dir(bin(t, "gpu-orphan-exporter")),
-		"EXPORTER_PORT="+port(), "REMEDIATOR_PORT="+port(), "PROMETHEUS_PORT="+port(), "ALERTMANAGER_PORT="+port())
+		"FREE_PORTS=1", "RUN_TIMEOUT="+testenv.Scale(120*time.Second).Round(time.Second).String())
 	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// On timeout: SIGTERM, which it takes as it takes Ctrl+C.
@@ -77,7 +77,7 @@ func (b *syncBuffer) String() string {
 // TestRunOnce: `RUN_ONCE=1 make run` narrates every stage of the loop,
 // exits 0 once the memory is back, and leaves no process behind.
 func TestRunOnce(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), testenv.Scale(150*time.Second))
 	defer cancel()
 	cmd, out, runDir := demo(ctx, t, "RUN_ONCE=1")
 	start := time.Now()
@@ -141,7 +141,7 @@ func currentUser(t *testing.T) string {
 // TestRunInterrupt: Ctrl+C while the orphan's children still hold its
 // memory stops everything: the daemons and the workload.
 func TestRunInterrupt(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), testenv.Scale(150*time.Second))
 	defer cancel()
 	cmd, out, runDir := demo(ctx, t)
 	if err := cmd.Start(); err != nil {
@@ -149,13 +149,13 @@ func TestRunInterrupt(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	deadline := time.After(60 * time.Second)
+	deadline := time.After(testenv.Scale(60 * time.Second))
 	for !strings.Contains(out.String(), "detected") {
 		select {
 		case err := <-done:
 			t.Fatalf("gpu-orphan-demo exited before the orphan was detected: %v\n%s", err, out)
 		case <-deadline:
-			t.Fatalf("no orphan detected within 60s:\n%s", out)
+			t.Fatalf("no orphan detected within %s:\n%s", testenv.Scale(60*time.Second), out)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -164,8 +164,8 @@ func TestRunInterrupt(t *testing.T) {
 	var err error
 	select {
 	case err = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("gpu-orphan-demo did not exit within 30s of SIGINT:\n%s", out)
+	case <-time.After(testenv.Scale(30 * time.Second)):
+		t.Fatalf("gpu-orphan-demo did not exit within %s of SIGINT:\n%s", testenv.Scale(30*time.Second), out)
 	}
 	t.Logf("gpu-orphan-demo after SIGINT:\n%s", out)
 	if code := cmd.ProcessState.ExitCode(); code != 130 {
