@@ -22,6 +22,10 @@ export CGO_CFLAGS
 RACE      ?= -race
 BACKEND   ?= sim
 RUN_DIR   ?= $(CURDIR)/.run
+# The long steps of `make test` run under scripts/progress.sh: a line when
+# each starts, and one after each 30 s of silence that says what it is
+# doing (the packages being tested or compiled, the tool being built).
+PROGRESS  := $(CURDIR)/scripts/progress.sh
 
 .PHONY: all build deps tools test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
 
@@ -32,7 +36,7 @@ all: build
 # packages from Go's build cache.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath $(if $(BUILD_TAGS),-tags '$(BUILD_TAGS)') -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(filter $(BINARIES),$(notdir $(wildcard cmd/*))))
+	@$(PROGRESS) 'go build into $(BIN)/' $(GO) build -trimpath $(if $(BUILD_TAGS),-tags '$(BUILD_TAGS)') -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(filter $(BINARIES),$(notdir $(wildcard cmd/*))))
 
 # Debian's prometheus (promtool) and prometheus-alertmanager (amtool); the
 # tests start real ones.
@@ -63,7 +67,7 @@ endif
 # .tools/current; a failed build stops make.
 tools:
 	@mkdir -p '$(TOOLS)'
-	@GO='$(GO)' ./scripts/tools.sh '$(TOOLS)' > '$(TOOLS)/current.tmp' && mv '$(TOOLS)/current.tmp' '$(TOOLS)/current'
+	@GO='$(GO)' $(PROGRESS) -p 'tools: Prometheus and Alertmanager (scripts/tools.sh)' ./scripts/tools.sh '$(TOOLS)' > '$(TOOLS)/current.tmp' && mv '$(TOOLS)/current.tmp' '$(TOOLS)/current'
 
 oldest: build deps
 	@$(MAKE) --no-print-directory rules e2e OLDEST=1
@@ -95,8 +99,8 @@ MODULES   := . test
 # parses files (deploy/, dashboards/) and needs none.
 PARALLEL  ?= 8
 unit: $(TOOLS_DEP)
-	$(WITH_TOOLS) $(GO) test $(RACE) -count=1 -parallel $(PARALLEL) -timeout 15m ./...
-	cd test && $(WITH_TOOLS) $(GO) test -count=1 -parallel $(PARALLEL) -timeout 15m ./...
+	@$(WITH_TOOLS) $(PROGRESS) 'go test $(RACE) ./... (the root module)' $(GO) test $(RACE) -count=1 -parallel $(PARALLEL) -timeout 15m ./...
+	@cd test && $(WITH_TOOLS) $(PROGRESS) 'go test ./... (test/: deploy/, dashboards/)' $(GO) test -count=1 -parallel $(PARALLEL) -timeout 15m ./...
 
 # golangci-lint, pinned: errcheck, govet, ineffassign, staticcheck
 # (honnef.co/go/tools v0.8.2, as v2.15.0 links it) and unused, configured in
@@ -107,17 +111,17 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT         := $(CURDIR)/.tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/golangci-lint
 
 $(GOLANGCI_LINT):
-	GOBIN='$(dir $(GOLANGCI_LINT))' $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	@GOBIN='$(dir $(GOLANGCI_LINT))' $(PROGRESS) 'golangci-lint $(GOLANGCI_LINT_VERSION): go install, once' $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 # gofmt; go.mod and go.sum as `go mod tidy` keeps them; go vet; golangci-lint.
 # Each in both modules.
 lint: $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
-	$(GO) vet ./...
-	cd test && $(GO) vet -tags e2e ./...
-	$(GOLANGCI_LINT) run ./...
-	cd test && $(GOLANGCI_LINT) run ./...
+	@$(PROGRESS) 'go vet ./...' $(GO) vet ./...
+	@cd test && $(PROGRESS) 'go vet -tags e2e ./... (test/)' $(GO) vet -tags e2e ./...
+	@$(PROGRESS) 'golangci-lint run ./...' $(GOLANGCI_LINT) run ./...
+	@cd test && $(PROGRESS) 'golangci-lint run ./... (test/)' $(GOLANGCI_LINT) run ./...
 
 # A whole-binary scrape of the simulated fork-orphan case, diffed against
 # the golden file and linted by promtool (also part of `unit`).
@@ -139,7 +143,7 @@ e2e: build deps $(TOOLS_DEP)
 	@if [ -d test/e2e ]; then rm -f '$(RUN_DIR)/e2e-summary.txt'; \
 	  export $(WITH_TOOLS); echo "e2e: $$(prometheus --version 2>&1 | head -1); $$( (command -v alertmanager >/dev/null && alertmanager --version || prometheus-alertmanager --version) 2>&1 | head -1)"; \
 	  cd test && GPU_ORPHAN_E2E_REQUIRED=1 GPU_ORPHAN_E2E_SUMMARY='$(RUN_DIR)/e2e-summary.txt' \
-	  $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; rc=$$?; \
+	  $(PROGRESS) 'go test -tags e2e ./e2e/ (the whole loop)' $(GO) test -count=1 -tags e2e -timeout 10m -v ./e2e/; rc=$$?; \
 	  cat '$(RUN_DIR)/e2e-summary.txt' 2>/dev/null; exit $$rc; fi
 
 # Each figure against its target (scripts/bench.sh); exits 1 on a miss, so
@@ -149,7 +153,7 @@ bench: build
 	@RUN_DIR='$(RUN_DIR)' GPU_ORPHAN_BENCH_BIN='$(CURDIR)/$(BIN)' ./scripts/bench.sh
 
 fuzz:
-	@RUN_DIR='$(RUN_DIR)' ./scripts/fuzz.sh
+	@RUN_DIR='$(RUN_DIR)' $(PROGRESS) 'fuzz (scripts/fuzz.sh)' ./scripts/fuzz.sh
 
 # The exporter's hardening tests run long (scripts/soak.sh): 50 clients
 # scraping under ~2,000 processes of churn, then NVML faults in cycles, for

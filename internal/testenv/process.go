@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,17 +55,32 @@ type Script struct {
 // StartScript runs script with bash as a scheduler starts a job script
 // (setsid). env is added to the environment. Everything the script starts
 // is killed at cleanup.
+//
+// The script's standard error goes to the test's, less bash's notices of
+// its jobs that were killed or terminated ("bash: line 1: 4242 Killed
+// gpu-orphan-sim run ..."): the remediator and the cleanups end them on
+// purpose, and a `make test` full of them looks like a failure.
 func StartScript(t testing.TB, script string, env ...string) *Script {
 	t.Helper()
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	cmd.Stderr = os.Stderr
+	// An *os.File, not a Writer: Wait must not wait for the descriptor's
+	// other holders (the workload's children, which may outlive the
+	// script). The filter ends when the last of them closes it.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = w
+	go filterJobNotices(r, os.Stderr)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	s := &Script{Cmd: cmd, lines: bufio.NewReader(stdout)}
@@ -72,6 +89,26 @@ func StartScript(t testing.TB, script string, env ...string) *Script {
 		cmd.Wait()
 	})
 	return s
+}
+
+// jobNotice is a line in which bash reports that a job of the script
+// ended by SIGKILL or SIGTERM, which the tests and the remediator send.
+var jobNotice = regexp.MustCompile(`^bash: (line \d+: )?\s*\d+ (Killed|Terminated)\s`)
+
+// filterJobNotices copies r to w by lines, less bash's job notices, until
+// r ends.
+func filterJobNotices(r io.ReadCloser, w io.Writer) {
+	defer r.Close()
+	br := bufio.NewReader(r)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" && !jobNotice.MatchString(line) {
+			io.WriteString(w, line)
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // Ready reads the next "ready PID CHILD..." line that a `gpu-orphan-sim
