@@ -27,7 +27,7 @@ const composeFile = "../../docker-compose.yml"
 var composeProfiles = []string{"gpu", "sim"}
 
 // Capabilities a compose service may add; see the kubernetes test too.
-var allowedCaps = []string{"KILL", "SYS_PTRACE", "DAC_READ_SEARCH"}
+var allowedCaps = []string{"KILL", "SYS_PTRACE", "DAC_READ_SEARCH", "NET_ADMIN"}
 
 // loadCompose loads docker-compose.yml as `docker compose` would, with
 // every profile enabled, paths resolved, and no environment: the file's

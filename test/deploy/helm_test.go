@@ -454,7 +454,7 @@ func checkChartWorkloads(t *testing.T, r *chartRender, objs []k8sObject) {
 	if rem.Ports[0].HostPort != v.Node.HostPort {
 		t.Errorf("remediator: hostPort %d, node.hostPort %d", rem.Ports[0].HostPort, v.Node.HostPort)
 	}
-	if want := []corev1.Capability{"KILL", "DAC_READ_SEARCH", "SYS_PTRACE"}; !reflect.DeepEqual(rem.SecurityContext.Capabilities.Add, want) {
+	if want := []corev1.Capability{"KILL", "DAC_READ_SEARCH", "SYS_PTRACE", "NET_ADMIN"}; !reflect.DeepEqual(rem.SecurityContext.Capabilities.Add, want) {
 		t.Errorf("remediator: adds %v, want %v", rem.SecurityContext.Capabilities.Add, want)
 	}
 	if r, _ := flagValue(rem.Args, "role"); r != "node" {

@@ -239,15 +239,17 @@ func TestKubernetesDecodeRejects(t *testing.T) {
 
 // Capabilities a container may add; only the remediator needs KILL.
 var (
-	allowedK8sCaps = []corev1.Capability{"KILL", "SYS_PTRACE", "DAC_READ_SEARCH"}
+	allowedK8sCaps = []corev1.Capability{"KILL", "SYS_PTRACE", "DAC_READ_SEARCH", "NET_ADMIN"}
 	killerImages   = "gpu-orphan-remediator"
 )
 
 // podErrors checks the security invariants of a pod template.
 func podErrors(name string, spec *corev1.PodSpec) []error {
 	var errs []error
-	if spec.HostNetwork || spec.HostIPC {
-		errs = append(errs, fmt.Errorf("%s: hostNetwork or hostIPC", name))
+	// The host's network namespace only for the node agents (hostPID), whose
+	// process events the kernel sends only there.
+	if (spec.HostNetwork && !spec.HostPID) || spec.HostIPC {
+		errs = append(errs, fmt.Errorf("%s: hostNetwork without hostPID, or hostIPC", name))
 	}
 	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		where := name + "/" + c.Name

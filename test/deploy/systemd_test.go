@@ -66,8 +66,8 @@ func TestSystemdUnits(t *testing.T) {
 		binary string
 		caps   []string
 	}{
-		{"gpu-orphan-exporter", []string{"CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"}},
-		{"gpu-orphan-remediator", []string{"CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SYS_PTRACE"}},
+		{"gpu-orphan-exporter", []string{"CAP_DAC_READ_SEARCH", "CAP_NET_ADMIN", "CAP_SYS_PTRACE"}},
+		{"gpu-orphan-remediator", []string{"CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_NET_ADMIN", "CAP_SYS_PTRACE"}},
 	} {
 		t.Run(tc.binary, func(t *testing.T) {
 			u, err := parseUnit(filepath.Join(systemdDir, tc.binary+".service"))
