@@ -425,7 +425,8 @@ func (r *Record) keptFiles(child, parent int, devs []proc.Device) (kept, parentH
 
 // FlushExits checks the processes whose exit events arrived at least
 // exitSettle before now, marks those that are dead, and calls onExit for
-// the watched ones. A process is alive while any of its threads is.
+// the watched ones and those that left live children. A process is alive
+// while any of its threads is.
 func (r *Record) FlushExits(now time.Time) {
 	r.mu.Lock()
 	var due []int
@@ -450,8 +451,12 @@ func (r *Record) FlushExits(now time.Time) {
 		k := Key{pid, start}
 		r.mu.Lock()
 		if r.live[pid] == start {
+			// A process that leaves live children behind may have left
+			// them its GPU context, even if no snapshot saw it yet.
+			e := r.entries[k]
+			orphaning := e != nil && e.kids > 0
 			r.die(k)
-			if r.watched[k] {
+			if r.watched[k] || orphaning {
 				died = append(died, k)
 			}
 		}

@@ -34,8 +34,9 @@ type Loop struct {
 	// persist, when set, saves the lineage (Persist).
 	persist *persister
 	// forks, when set, is the fork record fed by the process events: the
-	// exit of an owner or holder of the latest snapshot takes the next
-	// snapshot now (kick) rather than at the next tick.
+	// exit of an owner or holder of the latest snapshot, or of a process
+	// that leaves live children, takes the next snapshot now (kick) rather
+	// than at the next tick.
 	forks *forks.Record
 	kick  chan struct{}
 }
