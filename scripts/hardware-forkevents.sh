@@ -40,7 +40,7 @@ url, pids = sys.argv[1], set(sys.argv[2:])
 t0 = time.monotonic()
 while time.monotonic() - t0 < 30:
     body = urllib.request.urlopen("http://%s/metrics" % url).read().decode()
-    seen = {m.group(1) for m in re.finditer(r'^gpu_orphan_holder_info\{[^}]*pid="(\d+)"[^}]*reason="inherited_from_dead_owner"', body, re.M)}
+    seen = {m.group(1) for m in re.finditer(r'^gpu_orphan_holder_info\{[^}]*[{,]pid="(\d+)"[^}]*reason="inherited_from_dead_owner"', body, re.M)}
     if pids <= seen:
         proofs = set(re.findall(r'^gpu_orphan_holder_info\{[^}]*proof="([^"]*)"', body, re.M))
         print("orphan in /metrics %.3f s after the death (proof %s)" % (time.monotonic() - t0, ",".join(sorted(proofs))))

@@ -133,10 +133,12 @@ func receive(l *procevents.Listener, batches chan<- []procevents.Event, lost cha
 	}
 }
 
-// apply feeds the record and checks the exits that settled.
+// apply feeds the record and checks the exits that settled. The timer
+// runs only while exits wait: an idle node wakes nothing.
 func apply(ctx context.Context, rec *Record, st *Status, batches <-chan []procevents.Event, lost <-chan struct{}, logger *slog.Logger) {
-	tick := time.NewTicker(flushEvery)
-	defer tick.Stop()
+	flush := time.NewTimer(flushEvery)
+	flush.Stop()
+	armed := false
 	var lastLog time.Time
 	for {
 		select {
@@ -151,6 +153,10 @@ func apply(ctx context.Context, rec *Record, st *Status, batches <-chan []procev
 			for _, ev := range evs {
 				rec.Apply(ev)
 			}
+			if !armed && rec.Pending() {
+				flush.Reset(flushEvery)
+				armed = true
+			}
 		case <-lost:
 			n := st.lost.Add(1)
 			if time.Since(lastLog) >= lostLogEvery {
@@ -160,8 +166,13 @@ func apply(ctx context.Context, rec *Record, st *Status, batches <-chan []procev
 			if err := rec.Resync(); err != nil {
 				logger.Warn("Resynchronising the fork record failed", "err", err)
 			}
-		case now := <-tick.C:
+		case now := <-flush.C:
+			armed = false
 			rec.FlushExits(now)
+			if rec.Pending() {
+				flush.Reset(flushEvery)
+				armed = true
+			}
 		}
 	}
 }

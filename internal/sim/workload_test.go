@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -353,6 +354,9 @@ func openUnder(t *testing.T, pid int, dir string) []string {
 	t.Helper()
 	fd := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(fd)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // exited meanwhile: it holds nothing
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -290,6 +290,15 @@ func TestSlurmEpilogLeakDrains(t *testing.T) {
 func TestSlurmPrologCleansStaleOrphan(t *testing.T) {
 	c := getCluster(t)
 	stale := testenv.StartWorkload(t, c.simRoot, 0, 2048, 2)
+	// The node agent (a dry run) runs on the node: a snapshot of it sees
+	// the workers share the live owner's open file, and the prolog reads
+	// that proof in the store they share.
+	agent := testenv.NodeAgent(t, c.simRoot, c.db)
+	testenv.Eventually(t, 20*time.Second, "the node agent to see the stale job's workers", func() bool {
+		_, mfs := testenv.Scrape(t, agent+"/metrics")
+		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_recorded_descendants", nil)
+		return v >= 2
+	})
 	stale.KillParent(t)
 	job := c.submit(t, plainJob, []string{"--gres=gpu:1"})
 	_, line := c.syslog.hookLine(t, "prolog", job, 60*time.Second)
