@@ -35,7 +35,6 @@ func TestActRefusedInAnotherPIDNamespace(t *testing.T) {
 	}
 	root := testenv.SimNode(t, 2)
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
-	w.KillParent(t)
 	bin := testenv.Bin(t, "gpu-orphan-remediator")
 	dir := t.TempDir()
 	args := func(storePath, addr string, extra ...string) []string {
@@ -114,6 +113,8 @@ func TestActRefusedInAnotherPIDNamespace(t *testing.T) {
 	testenv.Daemon(t, bin, args(filepath.Join(dir, "host", "remediator.db"), addr, "--act")...)
 	url := "http://" + addr
 	waitHealthy(t, url)
+	// The job dies once the agent runs, as on a node: it saw the workers.
+	w.KillParent(t)
 	n, err := sim.Load(root)
 	if err != nil {
 		t.Fatal(err)
