@@ -17,7 +17,9 @@ import (
 // command line it saw. (They were 0750 and 0644: another user read them.)
 func TestStoreFilesPrivate(t *testing.T) {
 	skipShort(t)
-	t.Parallel()
+	// Not parallel: the umask below is the whole test process's, and the
+	// directories other tests make meanwhile (t.TempDir) would be 0777,
+	// which the store refuses.
 	root := testenv.SimNode(t, 2)
 	base := t.TempDir()
 	if err := os.Chmod(base, 0o755); err != nil {
