@@ -45,7 +45,6 @@ func actOnForkOrphan(t *testing.T, rec EventRecorder) (remediate.Action, *testen
 	t.Helper()
 	root := testenv.SimNode(t, 1)
 	w := testenv.StartWorkload(t, root, 0, 1024, 1, "--ignore-sigterm")
-	w.KillParent(t)
 	drv, err := sim.NewDriver(root)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +56,10 @@ func actOnForkOrphan(t *testing.T, rec EventRecorder) (remediate.Action, *testen
 	cfg := decide.Config{MinBytes: 256 << 20}
 	taker := snapshot.NewTaker(snapshot.Config{Driver: drv, Proc: fs})
 	loop := snapshot.NewLoop(taker, time.Hour, cfg.MinBytes)
+	// A snapshot sees the worker share the live owner's open file (the
+	// proof of inheritance), then the owner dies.
+	loop.Refresh(t.Context(), true)
+	w.KillParent(t)
 	loop.Refresh(t.Context(), true) // starts the age clock
 	n := New(Config{
 		Snapshots: loop, Proc: fs, Decide: cfg, Act: true, VerifyTimeout: 5 * time.Second, Recorder: rec,
