@@ -96,7 +96,12 @@ func run() int {
 	return demo(ctx, o, os.Stdout)
 }
 
-func demo(ctx context.Context, o options, out io.Writer) int {
+// demo runs the loop until ctx ends (Ctrl+C, SIGTERM) or, with --run.once,
+// until the memory is back. A stop by signal is the demo's normal end: it
+// returns 0 once everything it started is stopped, and 1 if something could
+// not be stopped. (130 made `make run` end every clean Ctrl+C with
+// "make: *** [Makefile:NNN: run] Error 130".)
+func demo(ctx context.Context, o options, out io.Writer) (code int) {
 	n := &stack.Narrator{W: out, Color: isTerminal(out)}
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "gpu-orphan-demo: "+format+"\n", args...)
@@ -138,14 +143,16 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return 130
+			// Interrupted while starting: Start stopped what it had
+			// started.
+			return 0
 		}
 		return fail("%v", err)
 	}
 	defer func() {
 		fmt.Fprintln(out)
 		if err := s.Stop(); err != nil {
-			fail("%v", err)
+			code = fail("%v", err)
 		}
 		n.Info("logs are in " + s.Logs)
 	}()
@@ -201,7 +208,7 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 	err = loop.Run(loopCtx, last)
 	switch {
 	case ctx.Err() != nil:
-		return 130
+		return 0
 	case errors.Is(err, stack.ErrDryRun):
 	case errors.Is(err, errLoopTimeout):
 		n.Event(stack.Event{Stage: loop.Next(), Warning: true, Text: fmt.Sprintf("the loop did not finish within %s (stuck at: %s); the logs are in %s",
@@ -236,7 +243,7 @@ func demo(ctx context.Context, o options, out io.Writer) int {
 	for {
 		select {
 		case <-ctx.Done():
-			return 130
+			return 0
 		case <-tick.C:
 			if err := s.Err(); err != nil {
 				n.Event(stack.Event{Stage: stack.StageStopped, Warning: true, Text: err.Error()})

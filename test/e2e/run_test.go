@@ -139,7 +139,7 @@ func currentUser(t *testing.T) string {
 }
 
 // TestRunInterrupt: Ctrl+C while the orphan's children still hold its
-// memory stops everything: the daemons and the workload.
+// memory stops everything: the daemons and the workload, and exits 0.
 func TestRunInterrupt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), testenv.Scale(150*time.Second))
 	defer cancel()
@@ -168,8 +168,8 @@ func TestRunInterrupt(t *testing.T) {
 		t.Fatalf("gpu-orphan-demo did not exit within %s of SIGINT:\n%s", testenv.Scale(30*time.Second), out)
 	}
 	t.Logf("gpu-orphan-demo after SIGINT:\n%s", out)
-	if code := cmd.ProcessState.ExitCode(); code != 130 {
-		t.Errorf("exit status %d (%v), want 130", code, err)
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit status %d (%v), want 0: a clean stop by Ctrl+C is not an error", code, err)
 	}
 	text := out.String()
 	inOrder(t, text, "detected", "stopped workload", "stopped prometheus", "stopped gpu-orphan-exporter", "logs are in")
