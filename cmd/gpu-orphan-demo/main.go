@@ -229,15 +229,28 @@ func demo(ctx context.Context, o options, out io.Writer) (code int) {
 
 	fmt.Fprintln(out)
 	n.Bold("The loop is done; the stack keeps running. Look around (the addresses above), then Ctrl+C to stop.")
-	if o.backend == stack.BackendSim {
-		other := 0
-		if o.gpu == 0 {
-			other = 1
+	// The hint for another orphan follows the remediator's cooldowns: it
+	// is told again whenever the GPU to use, or whether it must wait,
+	// changes.
+	lastHint := ""
+	hint := func() {
+		if o.backend != stack.BackendSim {
+			return
 		}
-		n.Info(fmt.Sprintf("Another orphan (GPU %d; GPU %d has a 10m cooldown), from another terminal:", other, o.gpu))
-		n.Info(fmt.Sprintf("  %s run --root %s --gpu %d --mib 2048 --children 2 & sleep 1; kill -9 $!",
-			filepath.Join(o.binDir, "gpu-orphan-sim"), s.SimRoot, other))
+		actions, err := s.Actions(ctx)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		gpu, ready := stack.NextOrphan(cfg.SimGPUs, actions, stack.Cooldown, now)
+		if key := fmt.Sprint(gpu, ready.After(now)); key != lastHint {
+			lastHint = key
+			for _, l := range stack.OrphanHint(filepath.Join(o.binDir, "gpu-orphan-sim"), s.SimRoot, cfg.SimGPUs, actions, stack.Cooldown, now) {
+				n.Info(l)
+			}
+		}
 	}
+	hint()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -249,6 +262,7 @@ func demo(ctx context.Context, o options, out io.Writer) (code int) {
 				n.Event(stack.Event{Stage: stack.StageStopped, Warning: true, Text: err.Error()})
 				return 1
 			}
+			hint()
 		}
 	}
 }
