@@ -3,13 +3,13 @@ package stack
 import (
 	"fmt"
 	"time"
-
-	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
 )
 
 // Cooldown is the remediator's pause on a GPU after an action that sent
-// signals: the stack leaves its --limit.cooldown at the default.
-var Cooldown = limits.DefaultConfig().Cooldown
+// signals: the stack starts it with --limit.cooldown set to this (the
+// remediator's default), so that the hints and the remediator agree.
+// internal/ imports nothing of remediate/ (cmd's TestImportsRunDown).
+var Cooldown = 10 * time.Minute
 
 // NextOrphan says where another orphan on the simulated node is cleaned
 // soonest, from the remediator's actions: the lowest-numbered of the gpus

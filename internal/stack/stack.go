@@ -285,6 +285,7 @@ func (s *Stack) start(ctx context.Context) error {
 				// listens on 127.0.0.1 only.
 				"--web.ui.open", "--collector.interval=" + collectorInterval,
 				"--remediate.min-age=" + minAge, "--remediate.grace=" + grace, "--remediate.verify-timeout=" + verifyTimeout,
+				"--limit.cooldown=" + Cooldown.String(),
 			}, logLevel),
 			s.URLs.Remediator + "/-/ready"},
 	} {
