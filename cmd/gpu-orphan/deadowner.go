@@ -45,16 +45,10 @@ type deadOwnerKey struct {
 // askTimeout bounds the question to the exporter.
 const askTimeout = 3 * time.Second
 
-// deadOwners reads gpu_orphan_dead_owner_info from the exporter at url. An
-// error is one plain sentence for the table: why the exporter could not be
-// asked, its cause in a few words, and what to do.
-func deadOwners(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwner, error) {
-	owners, _, err := askExporter(ctx, url)
-	return owners, err
-}
-
-// askExporter reads the dead owners and the holders' verdicts from the
-// exporter's metrics at url.
+// askExporter reads gpu_orphan_dead_owner_info and the holders' verdicts
+// from the exporter at url. An error is one plain sentence for the table:
+// why the exporter could not be asked, its cause in a few words, and what
+// to do.
 func askExporter(ctx context.Context, url string) (map[deadOwnerKey]ReportDeadOwner, map[deadOwnerKey]exporterVerdict, error) {
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
@@ -118,11 +112,6 @@ func parseHolders(mfs map[string]*dto.MetricFamily) map[deadOwnerKey]exporterVer
 		out[deadOwnerKey{l["uuid"], uint32(pid)}] = exporterVerdict{reason: l["reason"], proof: l["proof"], pgid: l["pgid"], ppid: l["ppid"]}
 	}
 	return out
-}
-
-func parseDeadOwners(r io.Reader) (map[deadOwnerKey]ReportDeadOwner, error) {
-	owners, _, err := parseExporter(r)
-	return owners, err
 }
 
 // parseExporter reads the dead owners and the holders' verdicts.

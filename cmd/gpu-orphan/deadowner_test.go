@@ -16,7 +16,7 @@ gpu_orphan_dead_owner_info{comm="x",gpu="0",pid="not-a-pid",uuid="GPU-b"} 1
 # TYPE gpu_orphan_suspect_holders gauge
 gpu_orphan_suspect_holders{gpu="1",uuid="GPU-a"} 2
 `
-	got, err := parseDeadOwners(strings.NewReader(scrape))
+	got, _, err := parseExporter(strings.NewReader(scrape))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ gpu_orphan_suspect_holders{gpu="1",uuid="GPU-a"} 2
 	if describeDeadOwner(463, &ReportDeadOwner{Known: true, Comm: "python3", User: "alice", SlurmJob: "81234"}) != "PID 463: python3, user alice, Slurm job 81234" {
 		t.Error("table line")
 	}
-	if _, err := parseDeadOwners(strings.NewReader("not { metrics")); err == nil {
+	if _, _, err := parseExporter(strings.NewReader("not { metrics")); err == nil {
 		t.Error("garbage parsed")
 	}
 }

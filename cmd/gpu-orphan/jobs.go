@@ -245,26 +245,16 @@ func openStore(ctx context.Context, path string) (*store.Store, error) {
 // the remediator does at start-up. The remediator keeps writing it: the
 // hook never does.
 func (h *hook) restoreLineage(ctx context.Context) {
-	data, ok, err := h.st.GetState(ctx, lineageState)
+	found, err := restoreAgentLineage(ctx, h.st, h.loop.Lineage(), h.fs)
 	switch {
 	case err != nil:
 		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
-		return
-	case !ok:
+	case !found:
 		h.logger.Debug("No recorded lineage in the store: dead owners are unknown, and only the job's cgroup tells its processes")
-		return
+	default:
+		h.logger.Debug("Restored the remediator's recorded lineage", "owners", h.loop.Lineage().Owners(),
+			"recorded_descendants", h.loop.Lineage().RecordedDescendants())
 	}
-	bootID, err := h.fs.BootID()
-	if err != nil {
-		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
-		return
-	}
-	if err := h.loop.Lineage().RestoreState(data, bootID); err != nil {
-		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
-		return
-	}
-	h.logger.Debug("Restored the remediator's recorded lineage", "owners", h.loop.Lineage().Owners(),
-		"recorded_descendants", h.loop.Lineage().RecordedDescendants())
 }
 
 // unreadable is the problem of a snapshot that lists no GPU because a

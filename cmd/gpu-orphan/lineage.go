@@ -31,19 +31,27 @@ func readAgentLineage(ctx context.Context, mem *snapshot.Lineage, fs proc.FS, pa
 		return fmt.Sprintf("%s; %s cannot be read: %v", none, path, err)
 	}
 	defer st.Close()
-	data, ok, err := st.GetState(ctx, lineageState)
+	found, err := restoreAgentLineage(ctx, st, mem, fs)
 	switch {
 	case err != nil:
-		return fmt.Sprintf("%s; reading it from %s: %v", none, path, err)
-	case !ok:
+		return fmt.Sprintf("%s; the one in %s was ignored: %v", none, path, err)
+	case !found:
 		return fmt.Sprintf("%s; %s holds none yet", none, path)
 	}
-	bootID, err := fs.BootID()
-	if err == nil {
-		err = mem.RestoreState(data, bootID)
-	}
-	if err != nil {
-		return fmt.Sprintf("%s; the one in %s was ignored: %v", none, path, err)
-	}
 	return fmt.Sprintf("Proof of descent from the node agent's record in %s (%d owners remembered).", path, mem.Owners())
+}
+
+// restoreAgentLineage restores into mem the lineage that the node agent
+// keeps in st, if there is one of this boot; found is false when st holds
+// none. The agent keeps writing it: the commands never do.
+func restoreAgentLineage(ctx context.Context, st *store.Store, mem *snapshot.Lineage, fs proc.FS) (found bool, err error) {
+	data, ok, err := st.GetState(ctx, lineageState)
+	if err != nil || !ok {
+		return false, err
+	}
+	bootID, err := fs.BootID()
+	if err != nil {
+		return true, err
+	}
+	return true, mem.RestoreState(data, bootID)
 }

@@ -81,7 +81,7 @@ func TestDeadOwnersUnreachableSaysSo(t *testing.T) {
 		t.Run(tc.url, func(t *testing.T) {
 			t.Parallel()
 			start := time.Now()
-			_, err := deadOwners(context.Background(), tc.url)
+			_, _, err := askExporter(context.Background(), tc.url)
 			if err == nil {
 				t.Fatal("no error")
 			}

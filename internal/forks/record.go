@@ -65,8 +65,8 @@ type Record struct {
 	// watched are processes whose exit is worth a snapshot now.
 	watched map[Key]bool
 	onExit  func(Key)
-	// untrusted: events were lost since the last resync began; every
-	// entry was downgraded by it.
+	// resyncs counts the resyncs after lost events; events the events
+	// applied.
 	resyncs uint64
 	events  uint64
 }
@@ -262,6 +262,34 @@ var (
 // another dead process with that PID (its PID was reused). It returns the
 // owner as found.
 func (r *Record) Inherits(h Key, owner int, ownerStart uint64) (Key, error) {
+	p, marked, err := r.lineTo(h, owner, ownerStart)
+	if err != nil {
+		return Key{}, err
+	}
+	// Its exit may still wait for FlushExits: /proc says, read outside
+	// the lock that the events' goroutine takes.
+	if !marked && r.alive(p.PID, p.Start) {
+		return Key{}, ErrNotFromThe
+	}
+	if ownerStart != 0 {
+		return p, nil
+	}
+	r.mu.Lock()
+	others := r.deadByPID[owner]
+	r.mu.Unlock()
+	if marked {
+		others--
+	}
+	if others > 0 {
+		return Key{}, ErrAmbiguous
+	}
+	return p, nil
+}
+
+// lineTo walks up from h, fork by fork, to the first process with PID
+// owner (and start time ownerStart when known), and says whether the
+// record has marked it dead.
+func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (Key, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := h
@@ -269,32 +297,20 @@ func (r *Record) Inherits(h Key, owner int, ownerStart uint64) (Key, error) {
 		e := r.entries[k]
 		switch {
 		case e == nil:
-			return Key{}, ErrNotRecorded
+			return Key{}, false, ErrNotRecorded
 		case !e.atFork:
-			return Key{}, ErrNotAtFork
+			return Key{}, false, ErrNotAtFork
 		case e.execed && !e.keptFiles:
-			return Key{}, ErrExeced
+			return Key{}, false, ErrExeced
 		}
 		p := e.parent
 		if p.PID == owner && (ownerStart == 0 || p.Start == ownerStart) {
-			// Its exit may still wait for FlushExits: /proc says.
 			pe := r.entries[p]
-			marked := pe != nil && pe.dead
-			if !marked && r.alive(p.PID, p.Start) {
-				return Key{}, ErrNotFromThe
-			}
-			others := r.deadByPID[owner]
-			if marked {
-				others--
-			}
-			if ownerStart == 0 && others > 0 {
-				return Key{}, ErrAmbiguous
-			}
-			return p, nil
+			return p, pe != nil && pe.dead, nil
 		}
 		k = p
 	}
-	return Key{}, ErrNotFromThe
+	return Key{}, false, ErrNotFromThe
 }
 
 // ExecedChild returns the parent of h when h was seen forking from it and

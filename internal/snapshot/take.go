@@ -290,11 +290,7 @@ func (t *Taker) recordOwnersDescent(s *Snapshot, mem *Lineage) {
 				dev, devKnown = d, true
 			}
 			owner := procKey{int(o.PID), o.Process.StartTime}
-			own, holds, err := t.cfg.Proc.HoldingOf(owner.pid, dev)
-			if err != nil || !holds {
-				continue
-			}
-			t.recordDescent(g.Device.UUID, owner, own, dev, mem)
+			t.recordDescent(g.Device.UUID, owner, dev, mem)
 		}
 	}
 }
@@ -302,15 +298,28 @@ func (t *Taker) recordOwnersDescent(s *Snapshot, mem *Lineage) {
 // maxDescentWalk bounds one walk of a process tree.
 const maxDescentWalk = 4096
 
-// recordDescent walks the descendants of the live owner (own is its hold
-// on dev) and records those that hold dev as descending from owner; those
-// that share an open file of dev with the owner (kcmp) hold the owner's own
-// files, and are recorded as its inheritors (ProofSharedOwnerFile). Every
+// recordDescent walks the descendants of the live owner and records those
+// that hold dev as descending from owner; those that share an open file of
+// dev with the owner (kcmp) hold the owner's own files, and are recorded as
+// its inheritors (ProofSharedOwnerFile). The owner's descriptors are read
+// only when a descendant not proven yet holds dev: a healthy node's
+// snapshot reads no more than the children files it read before. Every
 // thread of the owner may have forked; below it, only what main threads
 // forked is read (one file per process, every interval): a worker's own
 // workers come from its main thread.
-func (t *Taker) recordDescent(uuid string, owner procKey, own proc.Holding, dev proc.Device, mem *Lineage) {
+func (t *Taker) recordDescent(uuid string, owner procKey, dev proc.Device, mem *Lineage) {
 	root := owner.pid
+	var own proc.Holding
+	ownRead, ownHolds := false, false
+	sharesOwnerFile := func(h proc.Holding) bool {
+		if !ownRead {
+			ownRead = true
+			var err error
+			own, ownHolds, err = t.cfg.Proc.HoldingOf(root, dev)
+			ownHolds = ownHolds && err == nil
+		}
+		return ownHolds && t.sharesFile(h, own)
+	}
 	queue := []int{root}
 	for n := 0; len(queue) > 0 && n < maxDescentWalk; n++ {
 		pid := queue[0]
@@ -340,7 +349,7 @@ func (t *Taker) recordDescent(uuid string, owner procKey, own proc.Holding, dev 
 				if err != nil {
 					continue // gone, or unreadable: nothing proven
 				}
-				if holds && t.sharesFile(h, own) {
+				if holds && sharesOwnerFile(h) {
 					mem.recordInherited(uuid, owner, k, ProofSharedOwnerFile)
 				}
 				mem.recordDescent(uuid, owner, k, holds)
