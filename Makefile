@@ -27,7 +27,7 @@ RUN_DIR   ?= $(CURDIR)/.run
 # doing (the packages being tested or compiled, the tool being built).
 PROGRESS  := $(CURDIR)/scripts/progress.sh
 
-.PHONY: all build deps tools test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
+.PHONY: all build deps deps-run tools test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
 
 all: build
 
@@ -38,10 +38,15 @@ build:
 	@mkdir -p $(BIN)
 	@$(PROGRESS) 'go build into $(BIN)/' $(GO) build -trimpath $(if $(BUILD_TAGS),-tags '$(BUILD_TAGS)') -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(filter $(BINARIES),$(notdir $(wildcard cmd/*))))
 
-# Debian's prometheus (promtool) and prometheus-alertmanager (amtool); the
-# tests start real ones.
+# Debian's packages that the tests use (scripts/deps.sh test): Prometheus
+# and Alertmanager (the oldest supported), fuser, chromium, Slurm and munge.
+# `make run` and `make oldest` install only Prometheus and Alertmanager
+# (deps-run).
 deps:
-	@./scripts/deps.sh
+	@./scripts/deps.sh test
+
+deps-run:
+	@./scripts/deps.sh run
 
 # The release's arm64 cross-build and its run under qemu test the packaging,
 # not the code: .ci/run runs `make release` after `make test`.
@@ -69,7 +74,7 @@ tools:
 	@mkdir -p '$(TOOLS)'
 	@GO='$(GO)' $(PROGRESS) -p 'tools: Prometheus and Alertmanager (scripts/tools.sh)' ./scripts/tools.sh '$(TOOLS)' > '$(TOOLS)/current.tmp' && mv '$(TOOLS)/current.tmp' '$(TOOLS)/current'
 
-oldest: build deps
+oldest: build deps-run
 	@$(MAKE) --no-print-directory rules e2e OLDEST=1
 
 # The release (scripts/release.sh): every binary for linux/amd64 and
@@ -167,7 +172,7 @@ soak:
 # exits 0 once the memory is back (a smoke test). ACT=0, NODE_NAME,
 # RUN_TIMEOUT, SIM_GPU, SIM_MIB and EXPORTER_PORT etc. are read as well:
 # bin/gpu-orphan-demo --help.
-run: build deps
+run: build deps-run
 	@$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/gpu-orphan-demo
 	@RUN_ONCE='$(RUN_ONCE)' $(BIN)/gpu-orphan-demo --backend='$(BACKEND)' --run.dir='$(RUN_DIR)' \
 	  --rules.file=alerts/gpu-orphan.rules.yml
