@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
+	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 )
@@ -107,7 +107,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	// A snapshot that lists GPUs, none of them this one, says so whatever
 	// else it failed to see; an empty list is trusted only when healthy.
 	if _, found := s.GPUByID(gpuID); !found && (len(s.GPUs) > 0 || plan.SkipReason == decide.SkipGPUNotFound) {
-		fmt.Fprintf(os.Stderr, "gpu-orphan: no GPU %s on this node (%s)\n", gpuID, describeGPUs(s))
+		fmt.Fprintf(os.Stderr, "gpu-orphan: no GPU %s on this node (%s)\n", gpuID, hooks.DescribeGPUs(s))
 		return exitBadInput
 	}
 	if plan.SkipReason == decide.SkipTooYoung {
@@ -125,7 +125,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	// that runs.
 	var audit auditRecord
 	if storePath != "" && r.Act && plan.Act && len(ownExcluded(plan)) == 0 {
-		st, err := openStore(ctx, storePath)
+		st, err := hooks.OpenStore(ctx, storePath)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "gpu-orphan: nothing was signalled: the audit store %s cannot be opened: %v\n", storePath, err)
 			return exitWouldNot
@@ -152,7 +152,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		return exitClean
 	}
 	node := cleanup.New(nodeCfg)
-	a := remediate.Action{Node: hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
+	a := remediate.Action{Node: hooks.Hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
 		State: remediate.StateRunning, Source: "cli", StartedAt: time.Now()}
 	before := plan.Before
 	a.Before, a.Targets, a.Excluded = &before, plan.Targets, plan.Excluded
@@ -321,40 +321,4 @@ func writeResult(w io.Writer, a remediate.Action) {
 	if a.ID != "" {
 		fmt.Fprintf(w, "Recorded as action %s.\n", a.ID)
 	}
-}
-
-// describeGPUs says which GPUs a snapshot shows: "it has GPUs 0-1",
-// "it has GPUs 0, 2-3", "it has GPU 0", "it has no GPUs".
-func describeGPUs(s *snapshot.Snapshot) string {
-	var idx []int
-	for _, g := range s.GPUs {
-		idx = append(idx, g.Device.Index)
-	}
-	slices.Sort(idx)
-	idx = slices.Compact(idx)
-	switch len(idx) {
-	case 0:
-		return "it has no GPUs"
-	case 1:
-		return fmt.Sprintf("it has GPU %d", idx[0])
-	}
-	var runs []string
-	for i := 0; i < len(idx); {
-		j := i
-		for j+1 < len(idx) && idx[j+1] == idx[j]+1 {
-			j++
-		}
-		if j == i {
-			runs = append(runs, strconv.Itoa(idx[i]))
-		} else {
-			runs = append(runs, fmt.Sprintf("%d-%d", idx[i], idx[j]))
-		}
-		i = j + 1
-	}
-	return "it has GPUs " + strings.Join(runs, ", ")
-}
-
-func hostname() string {
-	h, _ := os.Hostname()
-	return h
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -31,7 +32,7 @@ func readAgentLineage(ctx context.Context, mem *snapshot.Lineage, fs proc.FS, pa
 		return fmt.Sprintf("%s; %s cannot be read: %v", none, path, err)
 	}
 	defer st.Close()
-	found, err := restoreAgentLineage(ctx, st, mem, fs)
+	found, err := hooks.RestoreAgentLineage(ctx, st, mem, fs)
 	switch {
 	case err != nil:
 		return fmt.Sprintf("%s; the one in %s was ignored: %v", none, path, err)
@@ -39,19 +40,4 @@ func readAgentLineage(ctx context.Context, mem *snapshot.Lineage, fs proc.FS, pa
 		return fmt.Sprintf("%s; %s holds none yet", none, path)
 	}
 	return fmt.Sprintf("Proof of descent from the node agent's record in %s (%d owners remembered).", path, mem.Owners())
-}
-
-// restoreAgentLineage restores into mem the lineage that the node agent
-// keeps in st, if there is one of this boot; found is false when st holds
-// none. The agent keeps writing it: the commands never do.
-func restoreAgentLineage(ctx context.Context, st *store.Store, mem *snapshot.Lineage, fs proc.FS) (found bool, err error) {
-	data, ok, err := st.GetState(ctx, lineageState)
-	if err != nil || !ok {
-		return false, err
-	}
-	bootID, err := fs.BootID()
-	if err != nil {
-		return true, err
-	}
-	return true, mem.RestoreState(data, bootID)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
 	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
 )
 
@@ -56,13 +57,13 @@ func run(args []string) int {
 	rep.Flag("auth.token-file", "The bearer token for --url (the remediator's --auth.token-file).").StringVar(&ro.tokenFile)
 	cli.DurationVar(rep.Flag("url.timeout", "Deadline of one request to --url.").Default("30s"), &ro.timeout)
 
-	prolog := app.Command("prolog", prologHelp)
-	var prologOpts hookOptions
+	prolog := app.Command("prolog", hooks.PrologHelp)
+	var prologOpts hooks.Options
 	addHookFlags(prolog, &prologOpts, "prolog", "30s", "5s")
 	cli.DurationVar(prolog.Flag("min-age", "How long a dead owner must have been dead before the holders of its context are signalled, as the remediator's --remediate.min-age; "+
-		"ages start at the remediator's recorded lineage, else at the prolog's first look.").Default("0s"), &prologOpts.minAge)
-	epilog := app.Command("epilog", epilogHelp)
-	var epilogOpts hookOptions
+		"ages start at the remediator's recorded lineage, else at the prolog's first look.").Default("0s"), &prologOpts.MinAge)
+	epilog := app.Command("epilog", hooks.EpilogHelp)
+	var epilogOpts hooks.Options
 	addHookFlags(epilog, &epilogOpts, "epilog", "60s", "5s")
 
 	if msg := cli.NoCommand(app, args); msg != "" {
@@ -83,9 +84,9 @@ func run(args []string) int {
 	case clean.FullCommand():
 		return runClean(logger, backend, cleanFlags, *cleanGPU, *cleanStore)
 	case prolog.FullCommand():
-		return runProlog(logger, backend, &prologOpts)
+		return hooks.RunProlog(logger, backend, &prologOpts)
 	case epilog.FullCommand():
-		return runEpilog(logger, backend, &epilogOpts)
+		return hooks.RunEpilog(logger, backend, &epilogOpts)
 	}
 	return 2
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m)) }
@@ -94,8 +95,8 @@ func TestDescribeGPUs(t *testing.T) {
 		{with(0, 2, 4), "it has GPUs 0, 2, 4"},
 		{with(0, 0, 1), "it has GPUs 0-1"}, // MIG instances share their GPU's index
 	} {
-		if got := describeGPUs(tc.s); got != tc.want {
-			t.Errorf("describeGPUs(%v) = %q, want %q", tc.s.GPUs, got, tc.want)
+		if got := hooks.DescribeGPUs(tc.s); got != tc.want {
+			t.Errorf("DescribeGPUs(%v) = %q, want %q", tc.s.GPUs, got, tc.want)
 		}
 	}
 }

@@ -1,9 +1,12 @@
-package main
-
-// What `gpu-orphan prolog` and `gpu-orphan epilog` share: the job that
+// Package hooks runs Slurm's prolog and epilog (`gpu-orphan prolog`,
+// `gpu-orphan epilog`) and the act step of `gpu-orphan clean`: the job that
 // Slurm names in the environment, the snapshot loop with the remediator's
-// recorded lineage, the audit record, the verdict on the job's GPUs, the
-// one line for the node's log, and the drain.
+// recorded lineage, the audit record, the GPU's turn that the node agent
+// takes too (store.Store.WaitTurn), the actions left running by a process
+// that is gone (store.Store.ResolveStranded), the verdict on the job's
+// GPUs, the one line for the node's log, and the drain. The command line
+// (cmd/gpu-orphan) parses the flags and calls it.
+package hooks
 
 import (
 	"context"
@@ -20,8 +23,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
@@ -41,67 +42,43 @@ import (
 // Slurm reads them: any status but 0 drains the node (and requeues the
 // job, for the prolog).
 const (
-	// hookClean: the job's GPUs are clean, cleaned, or the job has none.
-	hookClean = 0
-	// hookHeld: memory is still held, or could not be checked; the one
+	// ExitClean: the job's GPUs are clean, cleaned, or the job has none.
+	ExitClean = 0
+	// ExitHeld: memory is still held, or could not be checked; the one
 	// line says why.
-	hookHeld = 1
-	// hookBadInput: a wrong flag, or an environment that names no job or
+	ExitHeld = 1
+	// ExitBadInput: a wrong flag, or an environment that names no job or
 	// GPUs this node does not have.
-	hookBadInput = 2
+	ExitBadInput = 2
 )
 
-const hookExitHelp = "Exit status: 0 when the job's GPUs are clean (or were cleaned, and the memory verified back); " +
+// ExitHelp says what the exit statuses mean, for --help.
+const ExitHelp = "Exit status: 0 when the job's GPUs are clean (or were cleaned, and the memory verified back); " +
 	"1 when memory is still held, or could not be checked, which its one line says; 2 for a wrong flag, or an environment that names no job, or GPUs this node does not have. " +
 	"Slurm drains the node on any status but 0 (docs/slurm.md)."
 
-// lineageState is the name under which the remediator keeps its recorded
+// LineageState is the name under which the remediator keeps its recorded
 // lineage in its store (remediate/app).
-const lineageState = "lineage"
+const LineageState = "lineage"
 
-// hookOptions are the flags of prolog and epilog.
-type hookOptions struct {
-	jobID, jobUID, node, gpus string
-	storePath                 string
-	drain                     bool
-	scontrol                  string
-	timeout                   time.Duration
-	grace, verifyTimeout      time.Duration
-	minAge                    time.Duration
-	minBytes                  uint64
-	protect                   []string
-	syslogSocket              string
-}
-
-// addHookFlags registers the flags that prolog and epilog share.
-func addHookFlags(c *kingpin.CmdClause, o *hookOptions, name, timeout, grace string) {
-	c.Flag("slurm.job-id", "The job.").Envar("SLURM_JOB_ID").PlaceHolder("ID").StringVar(&o.jobID)
-	c.Flag("slurm.job-uid", "The job's user, by UID.").Envar("SLURM_JOB_UID").PlaceHolder("UID").StringVar(&o.jobUID)
-	c.Flag("slurm.node", "This node's name in Slurm, for --drain.").Envar("SLURMD_NODENAME").PlaceHolder("NAME").StringVar(&o.node)
-	c.Flag("slurm.gpus", "The job's GPUs on this node: indexes as NVML numbers them (Slurm's with gres.conf AutoDetect=nvml) or UUIDs, comma-separated; "+
-		"\"all\" for every GPU, \"none\" for none. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL, which Slurm sets for a "+
-		"job given GRES; none when none is set.").PlaceHolder("0,1").StringVar(&o.gpus)
-	c.Flag("store.path", "The remediator's audit database: the "+name+" records its actions there (source "+name+"), and reads the lineage the remediator recorded, "+
-		"to name dead owners. Its directory is created (0700) when missing and checked (a directory of this user's, not a link, that no one else may write to), as the remediator does. "+
-		"When it cannot be opened, nothing is signalled. Empty: no record.").Default(defaultStorePath).StringVar(&o.storePath)
-	c.Flag("drain", "When memory stays held, also drain the node with the reason (scontrol update nodename=NODE state=drain reason=\"gpu-orphan: ...\").").BoolVar(&o.drain)
-	c.Flag("slurm.scontrol", "The scontrol command, for --drain; looked up in PATH, then in /usr/bin, /usr/local/bin and /opt/slurm/bin (Slurm runs prologs and epilogs without a PATH).").
-		Default("scontrol").StringVar(&o.scontrol)
-	cli.DurationVar(c.Flag("timeout", "The time budget of the whole "+name+", kept well under Slurm's PrologEpilogTimeout: past it, the "+name+" stops signalling and says what is left.").
-		Default(timeout), &o.timeout)
-	cli.DurationVar(c.Flag("grace", "Time between SIGTERM and SIGKILL.").Default(grace), &o.grace)
-	cli.DurationVar(c.Flag("verify-timeout", "How long to wait for the memory to come back after the signals.").Default("10s"), &o.verifyTimeout)
-	cli.BytesVar(c.Flag("min-bytes", "Memory with no live owner at or below this is clean (NVML charges about 8 MiB per live context to no process). Bytes, or a size with a unit: 256MiB, 1GiB.").
-		Default("256MiB"), &o.minBytes)
-	c.Flag("protect", "Also never touch processes that run this executable (repeatable), as the remediator's --remediate.protect.").PlaceHolder("NAME|PATH").StringsVar(&o.protect)
-	c.Flag("log.syslog-socket", "Also send the "+name+"'s one line to the syslog socket here (slurmd keeps a failing "+name+"'s output in its log, not a succeeding one's). Empty: stderr only.").
-		Default("/dev/log").StringVar(&o.syslogSocket)
+// Options are the flags of prolog and epilog (cmd/gpu-orphan parses them).
+type Options struct {
+	JobID, JobUID, Node, GPUs string
+	StorePath                 string
+	Drain                     bool
+	Scontrol                  string
+	Timeout                   time.Duration
+	Grace, VerifyTimeout      time.Duration
+	MinAge                    time.Duration
+	MinBytes                  uint64
+	Protect                   []string
+	SyslogSocket              string
 }
 
 // hook is one run of a prolog or epilog.
 type hook struct {
 	name   string // "prolog" or "epilog"
-	o      *hookOptions
+	o      *Options
 	logger *slog.Logger
 	stderr io.Writer
 	job    jobend.Job
@@ -125,10 +102,10 @@ type hook struct {
 // all three for a job given GRES (measured, docs/slurm.md).
 var jobGPUSources = []string{"SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"}
 
-// parseJobGPUs reads the job's GPUs from the flag, else from the
+// ParseJobGPUs reads the job's GPUs from the flag, else from the
 // environment: the list, whether it means every GPU, and where it came
 // from.
-func parseJobGPUs(flag string, getenv func(string) string) (ids []string, all bool, from string, err error) {
+func ParseJobGPUs(flag string, getenv func(string) string) (ids []string, all bool, from string, err error) {
 	v, from := flag, "--slurm.gpus"
 	if v == "" {
 		for _, name := range jobGPUSources {
@@ -162,34 +139,34 @@ func parseJobGPUs(flag string, getenv func(string) string) (ids []string, all bo
 
 // newHook reads the job from the options; a job it cannot read is bad
 // input.
-func newHook(name string, o *hookOptions, logger *slog.Logger) (*hook, error) {
+func newHook(name string, o *Options, logger *slog.Logger) (*hook, error) {
 	h := &hook{name: name, o: o, logger: logger, stderr: os.Stderr}
-	if o.jobID == "" {
+	if o.JobID == "" {
 		return nil, fmt.Errorf("no job: SLURM_JOB_ID is not set (Slurm sets it for its Prolog and Epilog; by hand, give --slurm.job-id)")
 	}
-	if _, err := strconv.ParseUint(o.jobID, 10, 64); err != nil {
-		return nil, fmt.Errorf("job %q: want a Slurm job ID, a number", o.jobID)
+	if _, err := strconv.ParseUint(o.JobID, 10, 64); err != nil {
+		return nil, fmt.Errorf("job %q: want a Slurm job ID, a number", o.JobID)
 	}
-	h.job = jobend.Job{ID: o.jobID, UID: -1}
-	if o.jobUID != "" {
-		uid, err := strconv.Atoi(o.jobUID)
+	h.job = jobend.Job{ID: o.JobID, UID: -1}
+	if o.JobUID != "" {
+		uid, err := strconv.Atoi(o.JobUID)
 		if err != nil || uid < 0 {
-			return nil, fmt.Errorf("job %s: user %q: want a UID", o.jobID, o.jobUID)
+			return nil, fmt.Errorf("job %s: user %q: want a UID", o.JobID, o.JobUID)
 		}
 		h.job.UID = uid
 	}
 	var err error
 	var from string
-	h.gpus, h.all, from, err = parseJobGPUs(o.gpus, os.Getenv)
+	h.gpus, h.all, from, err = ParseJobGPUs(o.GPUs, os.Getenv)
 	if err != nil {
 		return nil, err
 	}
 	logger.Debug("The job", "job", h.job.ID, "uid", h.job.UID, "gpus", h.gpus, "all", h.all, "from", from)
 	h.cfg = decide.Config{
 		Policy:    remediate.PolicyDeadOwner,
-		MinAge:    o.minAge,
-		MinBytes:  o.minBytes,
-		Protected: append(slices.Clone(exclude.DefaultProtected), o.protect...),
+		MinAge:    o.MinAge,
+		MinBytes:  o.MinBytes,
+		Protected: append(slices.Clone(exclude.DefaultProtected), o.Protect...),
 		Self:      exclude.CurrentSelf(),
 	}.Resolved()
 	return h, nil
@@ -209,15 +186,15 @@ func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
 		opened.Driver.Close()
 		return nil, fmt.Errorf("--path.procfs=%s: %w", h.fs.Root(), err)
 	}
-	h.loop = snapshot.NewLoop(opened.Taker, time.Second, h.o.minBytes)
+	h.loop = snapshot.NewLoop(opened.Taker, time.Second, h.o.MinBytes)
 	closers := []func(){func() { opened.Driver.Close() }}
-	if h.o.storePath != "" {
+	if h.o.StorePath != "" {
 		// Its directory as the remediator makes and checks it: a node
 		// where no remediator ran yet has none.
-		st, err := openStore(ctx, h.o.storePath)
+		st, err := OpenStore(ctx, h.o.StorePath)
 		if err != nil {
 			h.storeErr = err
-			h.logger.Warn("The audit store cannot be opened: nothing will be signalled", "path", h.o.storePath, "err", err)
+			h.logger.Warn("The audit store cannot be opened: nothing will be signalled", "path", h.o.StorePath, "err", err)
 		} else {
 			h.st = st
 			closers = append(closers, func() { st.Close() })
@@ -231,9 +208,9 @@ func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
 	}, nil
 }
 
-// openStore opens the audit store at path to write to it, making its
+// OpenStore opens the audit store at path to write to it, making its
 // directory first as the remediator does (store.MakeDir: 0700, checked).
-func openStore(ctx context.Context, path string) (*store.Store, error) {
+func OpenStore(ctx context.Context, path string) (*store.Store, error) {
 	if err := store.MakeDir(path); err != nil {
 		return nil, err
 	}
@@ -245,7 +222,7 @@ func openStore(ctx context.Context, path string) (*store.Store, error) {
 // the remediator does at start-up. The remediator keeps writing it: the
 // hook never does.
 func (h *hook) restoreLineage(ctx context.Context) {
-	found, err := restoreAgentLineage(ctx, h.st, h.loop.Lineage(), h.fs)
+	found, err := RestoreAgentLineage(ctx, h.st, h.loop.Lineage(), h.fs)
 	switch {
 	case err != nil:
 		h.logger.Warn("Ignoring the remediator's recorded lineage", "err", err)
@@ -276,7 +253,7 @@ func (h *hook) begin(ctx context.Context, backend *cli.Backend) (s *snapshot.Sna
 	if gpus, err = h.resolveGPUs(s); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan %s: job %s: %v\n", h.name, h.job.ID, err)
 		closeAll()
-		return nil, nil, nil, hookBadInput, true
+		return nil, nil, nil, ExitBadInput, true
 	}
 	return s, gpus, closeAll, 0, false
 }
@@ -301,7 +278,7 @@ func (h *hook) resolveGPUs(s *snapshot.Snapshot) ([]string, error) {
 	for _, id := range h.gpus {
 		g, ok := s.GPUByID(id)
 		if !ok {
-			return nil, fmt.Errorf("the job's GPU %s is not on this node (%s)", id, describeGPUs(s))
+			return nil, fmt.Errorf("the job's GPU %s is not on this node (%s)", id, DescribeGPUs(s))
 		}
 		if !slices.Contains(out, g.Device.UUID) {
 			out = append(out, g.Device.UUID)
@@ -327,7 +304,7 @@ func sourceErrors(s *snapshot.Snapshot) string {
 // act records the action, then runs the plan through node.Act. Without a
 // store that opened (when --store.path names one), it signals nothing.
 func (h *hook) act(ctx context.Context, node *cleanup.Node, plan decide.Plan, startedAt time.Time) (remediate.Action, error) {
-	a := remediate.Action{Node: hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
+	a := remediate.Action{Node: Hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
 		State: remediate.StateRunning, Source: h.name, StartedAt: startedAt}
 	before := plan.Before
 	a.Before, a.Targets, a.Excluded, a.DeadOwners = &before, plan.Targets, plan.Excluded, plan.DeadOwners
@@ -397,7 +374,7 @@ func (m minLevel) WithGroup(name string) slog.Handler {
 // ladder is the kill ladder of a hook; groups re-lists whole process
 // groups (the prolog's normal rules), which the epilog never signals.
 func (h *hook) ladder(groups kill.GroupLister) *kill.Ladder {
-	return &kill.Ladder{Grace: h.o.grace, Proc: h.fs, Logger: h.nodeLogger(), Groups: groups, Exclude: h.cfg.Rules().Why}
+	return &kill.Ladder{Grace: h.o.Grace, Proc: h.fs, Logger: h.nodeLogger(), Groups: groups, Exclude: h.cfg.Rules().Why}
 }
 
 // problem is one reason the job's GPUs are not clean: short for the drain
@@ -457,7 +434,7 @@ func (h *hook) check(ctx context.Context, uuids []string, jobToo bool, settle ti
 					why = g.Err.Error()
 				}
 				ps = append(ps, problem{short: fmt.Sprintf("GPU %d cannot be checked", g.Device.Index), detail: why})
-			case g.UnexplainedBytes > h.o.minBytes:
+			case g.UnexplainedBytes > h.o.MinBytes:
 				ps = append(ps, unowned(g, s.Taken))
 			}
 		}
@@ -502,9 +479,9 @@ func (h *hook) jobLeft(s *snapshot.Snapshot) []problem {
 // returns the exit status.
 func (h *hook) finish(ok string, problems []problem) int {
 	line := fmt.Sprintf("job %s: %s", h.job.ID, ok)
-	status := hookClean
+	status := ExitClean
 	if len(problems) > 0 {
-		status = hookHeld
+		status = ExitHeld
 		var parts []string
 		for _, p := range problems {
 			s := p.short
@@ -521,17 +498,17 @@ func (h *hook) finish(ok string, problems []problem) int {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		h.recordFailure(ctx, line, problems)
-		if h.o.drain {
+		if h.o.Drain {
 			if err := h.drainNode(ctx, reason); err != nil {
 				line += "; not drained: " + err.Error()
 			} else {
-				line += fmt.Sprintf("; drained node %s: %q", h.o.node, reason)
-				h.event(ctx, "drain", map[string]any{"node": h.o.node, "reason": reason})
+				line += fmt.Sprintf("; drained node %s: %q", h.o.Node, reason)
+				h.event(ctx, "drain", map[string]any{"node": h.o.Node, "reason": reason})
 			}
 		}
 	}
 	fmt.Fprintf(h.stderr, "gpu-orphan %s: %s\n", h.name, line)
-	h.syslog(status == hookClean, line)
+	h.syslog(status == ExitClean, line)
 	return status
 }
 
@@ -547,7 +524,7 @@ func (h *hook) recordFailure(ctx context.Context, line string, problems []proble
 		return
 	}
 	now := time.Now()
-	a := remediate.Action{Node: hostname(), GPUIndex: -1, Policy: jobend.Policy, State: remediate.StateFailed, Source: h.name,
+	a := remediate.Action{Node: Hostname(), GPUIndex: -1, Policy: jobend.Policy, State: remediate.StateFailed, Source: h.name,
 		StartedAt: now, FinishedAt: &now, Reason: line}
 	for _, p := range problems {
 		if p.gpu != nil {
@@ -582,16 +559,16 @@ func (h *hook) event(ctx context.Context, kind string, detail any) {
 
 // drainNode drains this node with reason, through scontrol.
 func (h *hook) drainNode(ctx context.Context, reason string) error {
-	if h.o.node == "" {
+	if h.o.Node == "" {
 		return errors.New("no node name (SLURMD_NODENAME, or --slurm.node)")
 	}
-	bin, err := slurm.Look(h.o.scontrol, "--slurm.scontrol")
+	bin, err := slurm.Look(h.o.Scontrol, "--slurm.scontrol")
 	if err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, bin, "update", "nodename="+h.o.node, "state=drain", "reason="+reason).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, "update", "nodename="+h.o.Node, "state=drain", "reason="+reason).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("%s update nodename=%s state=drain: %w: %s", bin, h.o.node, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%s update nodename=%s state=drain: %w: %s", bin, h.o.Node, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -599,16 +576,16 @@ func (h *hook) drainNode(ctx context.Context, reason string) error {
 // syslog sends the line to the syslog socket, if there is one: slurmd
 // logs a failing prolog's or epilog's output, not a succeeding one's.
 func (h *hook) syslog(ok bool, line string) {
-	if h.o.syslogSocket == "" {
+	if h.o.SyslogSocket == "" {
 		return
 	}
 	prio := syslog.LOG_DAEMON | syslog.LOG_INFO
 	if !ok {
 		prio = syslog.LOG_DAEMON | syslog.LOG_ERR
 	}
-	w, err := syslog.Dial("unixgram", h.o.syslogSocket, prio, "gpu-orphan-"+h.name)
+	w, err := syslog.Dial("unixgram", h.o.SyslogSocket, prio, "gpu-orphan-"+h.name)
 	if err != nil {
-		h.logger.Debug("No syslog", "socket", h.o.syslogSocket, "err", err)
+		h.logger.Debug("No syslog", "socket", h.o.SyslogSocket, "err", err)
 		return
 	}
 	defer w.Close()
@@ -618,14 +595,14 @@ func (h *hook) syslog(ok bool, line string) {
 		err = w.Err(line)
 	}
 	if err != nil {
-		h.logger.Debug("No syslog", "socket", h.o.syslogSocket, "err", err)
+		h.logger.Debug("No syslog", "socket", h.o.SyslogSocket, "err", err)
 	}
 }
 
-// hookContext is the context of a hook's work: its time budget, less a
+// Context is the context of a hook's work: its time budget, less a
 // reserve for the record and the drain that follow, and cancelled by
 // SIGTERM or SIGINT.
-func hookContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+func Context(timeout time.Duration) (context.Context, context.CancelFunc) {
 	reserve := min(5*time.Second, timeout/4)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithTimeout(ctx, timeout-reserve)

@@ -1,4 +1,4 @@
-package main
+package hooks
 
 import (
 	"context"
@@ -15,24 +15,25 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
 )
 
-const epilogHelp = "Slurm's Epilog: when a job ends, signal its processes that still hold a GPU (those in the job's cgroup, and those that hold the context of a dead process of the job, " +
+// EpilogHelp is the epilog's --help.
+const EpilogHelp = "Slurm's Epilog: when a job ends, signal its processes that still hold a GPU (those in the job's cgroup, and those that hold the context of a dead process of the job, " +
 	"as the remediator's recorded lineage names it; whatever the policy, and nothing outside the job), verify that the memory came back, and record it in the remediator's store (source epilog). " +
 	"It reads the job from SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL), and checks the job's GPUs and every GPU its processes held: " +
-	"memory with no live owner above --min-bytes left there fails it. One line on stderr, and to syslog, says how it ended. " + hookExitHelp
+	"memory with no live owner above --min-bytes left there fails it. One line on stderr, and to syslog, says how it ended. " + ExitHelp
 
 // maxEpilogRounds bounds the plans one epilog makes: holders of the job
 // that appear while it signals (a worker's replacement) get another.
 const maxEpilogRounds = 3
 
-// runEpilog is `gpu-orphan epilog`.
-func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
+// RunEpilog is `gpu-orphan epilog`: it returns the exit status.
+func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	h, err := newHook("epilog", o, logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan epilog: %v\n", err)
-		return hookBadInput
+		return ExitBadInput
 	}
 	start := time.Now()
-	ctx, cancel := hookContext(o.timeout)
+	ctx, cancel := Context(o.Timeout)
 	defer cancel()
 	s, jobGPUs, closeAll, code, done := h.begin(ctx, backend)
 	if done {
@@ -47,7 +48,7 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 		Planner: func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan {
 			return jobend.Plan(s, gpuID, h.job, h.cfg, now)
 		},
-		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.verifyTimeout,
+		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.VerifyTimeout,
 		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})
 	checked := slices.Clone(jobGPUs)
@@ -84,7 +85,7 @@ func runEpilog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 		problems = h.check(ctx, checked, true, 2*time.Second)
 	}
 	if ctx.Err() != nil && len(problems) > 0 {
-		problems = append(problems, problem{short: "timed out", detail: fmt.Sprintf("--timeout=%s: %v", o.timeout, context.Cause(ctx))})
+		problems = append(problems, problem{short: "timed out", detail: fmt.Sprintf("--timeout=%s: %v", o.Timeout, context.Cause(ctx))})
 	}
 	if len(problems) > 0 {
 		return h.finish("", problems)

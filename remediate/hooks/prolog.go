@@ -1,4 +1,4 @@
-package main
+package hooks
 
 import (
 	"fmt"
@@ -11,24 +11,25 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 )
 
-const prologHelp = "Slurm's Prolog: before a job starts, its GPUs must be clean: no memory with no live owner above --min-bytes. " +
+// PrologHelp is the prolog's --help.
+const PrologHelp = "Slurm's Prolog: before a job starts, its GPUs must be clean: no memory with no live owner above --min-bytes. " +
 	"When one is not, it cleans it up under the remediator's normal rules (policy dead-owner: the proven inheritors of dead owners, " +
 	"their whole process groups where the group rule allows), verifies, and records it in the remediator's store (source prolog); " +
 	"when memory is still held, it fails, so that Slurm requeues the job and drains the node. It reads the job's GPUs from SLURM_JOB_GPUS " +
-	"(or CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL); a job with none is not checked. One line on stderr, and to syslog, says how it ended. " + hookExitHelp
+	"(or CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL); a job with none is not checked. One line on stderr, and to syslog, says how it ended. " + ExitHelp
 
-// runProlog is `gpu-orphan prolog`.
-func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
+// RunProlog is `gpu-orphan prolog`: it returns the exit status.
+func RunProlog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	h, err := newHook("prolog", o, logger)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-orphan prolog: %v\n", err)
-		return hookBadInput
+		return ExitBadInput
 	}
 	if len(h.gpus) == 0 && !h.all {
 		return h.finish("no GPUs to check (the job has none)", nil)
 	}
 	start := time.Now()
-	ctx, cancel := hookContext(o.timeout)
+	ctx, cancel := Context(o.Timeout)
 	defer cancel()
 	s, gpus, closeAll, code, done := h.begin(ctx, backend)
 	if done {
@@ -37,13 +38,13 @@ func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 	defer closeAll()
 	node := cleanup.New(cleanup.Config{
 		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
-		Ladder: h.ladder(h.fs), Act: true, VerifyTimeout: o.verifyTimeout,
+		Ladder: h.ladder(h.fs), Act: true, VerifyTimeout: o.VerifyTimeout,
 		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})
 	var problems []problem
 	for _, uuid := range gpus {
 		g, ok := s.GPUByID(uuid)
-		if !ok || !g.Accountable() || g.UnexplainedBytes <= o.minBytes {
+		if !ok || !g.Accountable() || g.UnexplainedBytes <= o.MinBytes {
 			continue // check, below, says what it cannot read
 		}
 		// A dirty GPU: the normal rules, not the job-end one. It belongs
@@ -67,7 +68,7 @@ func runProlog(logger *slog.Logger, backend *cli.Backend, o *hookOptions) int {
 		problems = h.check(ctx, gpus, false, 2*time.Second)
 	}
 	if ctx.Err() != nil && len(problems) > 0 {
-		problems = append(problems, problem{short: "timed out", detail: fmt.Sprintf("--timeout=%s", o.timeout)})
+		problems = append(problems, problem{short: "timed out", detail: fmt.Sprintf("--timeout=%s", o.Timeout)})
 	}
 	if len(problems) > 0 {
 		return h.finish("", problems)
