@@ -162,6 +162,22 @@ CREATE INDEX actions_alert ON actions(alert_fingerprint, alert_starts_at, attemp
 ALTER TABLE actions ADD COLUMN job_json TEXT NOT NULL DEFAULT 'null';
 CREATE INDEX actions_source_state ON actions(source, state);
 `,
+	// 6: one action per GPU at a time across the node agent and the hooks
+	// (issue 24). holder_json names the process that runs a running action
+	// (store.Holder: PID, start time, boot, PID namespace), so that the
+	// next reader resolves one whose process is gone; rows of earlier
+	// versions name none. gpu_turns holds, per GPU, the action whose turn
+	// it is, and its process.
+	`
+ALTER TABLE actions ADD COLUMN holder_json TEXT NOT NULL DEFAULT 'null';
+CREATE TABLE gpu_turns (
+	gpu_uuid    TEXT PRIMARY KEY,
+	action_id   TEXT NOT NULL,
+	source      TEXT NOT NULL,
+	holder_json TEXT NOT NULL,
+	taken_at    TEXT NOT NULL
+);
+`,
 }
 
 // SchemaVersion is the schema version this package writes.
