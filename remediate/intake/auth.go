@@ -26,6 +26,8 @@ type Auth struct {
 	// sessionKey signs the pages' session cookies (session.go).
 	sessionKey []byte
 	insecure   bool
+	// fleet checks the dispatcher's signed requests (fleetsig.go).
+	fleet *fleetVerifier
 
 	failRate  rate.Limit
 	failBurst int
@@ -57,6 +59,10 @@ type AuthConfig struct {
 	// share one budget, so that a scan from many addresses cannot grow
 	// the table.
 	MaxSources int
+	// FleetNode is this node agent's name: requests that the dispatcher
+	// signed for it with the token's per-node key are admitted
+	// (fleetsig.go). Empty admits none.
+	FleetNode string
 }
 
 // DefaultMaxSources is AuthConfig.MaxSources's default: a few hundred
@@ -98,6 +104,9 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 		}
 		a.tokenSum, a.hasToken = sha256.Sum256([]byte(tok)), true
 		a.sessionKey = sessionKey(a.tokenSum)
+		if cfg.FleetNode != "" {
+			a.fleet = newFleetVerifier(tok, cfg.FleetNode, a.warn)
+		}
 	}
 	return a, nil
 }
@@ -142,7 +151,7 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 // required, or it has a verified client certificate, the bearer token, or
 // (GET and HEAD only) a session cookie from the sign-in form.
 func (a *Auth) admitted(r *http.Request) bool {
-	return a.insecure || a.clientCertOK(r) || a.tokenOK(r) || a.sessionOK(r)
+	return a.insecure || a.clientCertOK(r) || a.tokenOK(r) || a.fleet.ok(r) || a.sessionOK(r)
 }
 
 func (a *Auth) clientCertOK(r *http.Request) bool {
