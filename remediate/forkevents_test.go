@@ -302,3 +302,85 @@ exit 0`, "SIM="+simBinT(t), "ROOT="+root)
 	wantAlive(t, "another user's process in the group whose leader exited", other)
 	wantUsedMiB(t, root, 1, 0)
 }
+
+// TestProofReusedPIDLeaderlessGroup (issue 22, finding 4): a trainer that led
+// nothing dies; its PID goes at once to another user's daemon, which makes
+// itself a session leader, starts a helper that maps the GPU's device and
+// exits: the helper's group and session are the dead trainer's PID, with
+// their leader gone. With no lineage of that owner in the store (no agent
+// ran), `gpu-orphan clean --act` and the prolog prove nothing about the
+// helper and signal no one (before: both SIGTERMed it as the dead owner's
+// inheritor, "0 MiB freed", and left the real workers).
+func TestProofReusedPIDLeaderlessGroup(t *testing.T) {
+	skipShort(t)
+	if os.Geteuid() != 0 {
+		t.Skip("choosing a PID and setpriv --reuid need root")
+	}
+	for _, hook := range []string{"clean", "prolog"} {
+		t.Run(hook, func(t *testing.T) {
+			root := testenv.SimNode(t, 2)
+			db := filepath.Join(t.TempDir(), "r.db")
+			trainer, helper := startLeaderlessReuse(t, root)
+			var cmd *exec.Cmd
+			if hook == "clean" {
+				cmd = exec.Command(testenv.Bin(t, "gpu-orphan"), "--backend=sim", "--sim.root="+root,
+					"clean", "--gpu", "1", "--act", "--grace=1s", "--store.path="+db)
+			} else {
+				cmd = exec.Command(testenv.Bin(t, "gpu-orphan"), "--backend=sim", "--sim.root="+root, "prolog", "--store.path="+db, "--log.syslog-socket=")
+				cmd.Env = []string{"SLURM_JOB_ID=" + testenv.SlurmJobID(), "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=1"}
+			}
+			out, _ := cmd.CombinedOutput()
+			t.Logf("gpu-orphan %s: exit %d\n%s", hook, cmd.ProcessState.ExitCode(), out)
+			wantAlive(t, "another user's helper in the dead trainer's group and session", helper)
+			wantAlive(t, "an unproven worker (no lineage)", trainer.Children...)
+			if strings.Contains(string(out), "Will signal") {
+				t.Errorf("%s planned to signal:\n%s", hook, out)
+			}
+		})
+	}
+}
+
+// startLeaderlessReuse starts a trainer with two workers on GPU 1, kills
+// it, and gives its PID to another user's daemon whose helper maps GPU 1 in
+// the session and group of that PID, their leader gone. It returns the dead
+// trainer and the helper.
+func startLeaderlessReuse(t *testing.T, root string) (*testenv.Workload, int) {
+	t.Helper()
+	s := testenv.StartScript(t, `"$SIM" run --root "$ROOT" --gpu 1 --mib 1024 --children 2 & wait`, "SIM="+simBinT(t), "ROOT="+root)
+	trainer := s.Ready(t)
+	killTrainer(t, trainer)
+
+	dev, err := os.Open(filepath.Join(root, "dev", "nvidia1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	// setsid execs in place (the child leads no group yet), so the
+	// reused PID leads the new session; bash leaves the helper in it.
+	daemon := testenv.StartWithPID(t, trainer.PID, func() *exec.Cmd {
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+			"setsid", "bash", "-c", `python3 -c "import mmap, time; m = mmap.mmap(3, 4096, prot=mmap.PROT_READ); time.sleep(100005)" & exit 0`)
+		cmd.ExtraFiles = []*os.File{dev}
+		return cmd
+	})
+	daemon.Wait()
+	helper := 0
+	testenv.Eventually(t, 5*time.Second, "the daemon's helper mapping GPU 1 in the dead trainer's group and session", func() bool {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+			if err != nil || !strings.Contains(string(st), "(python3)") {
+				continue
+			}
+			f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+			maps, _ := os.ReadFile("/proc/" + e.Name() + "/maps")
+			if len(f) > 3 && f[2] == strconv.Itoa(trainer.PID) && f[3] == strconv.Itoa(trainer.PID) && strings.Contains(string(maps), dev.Name()) {
+				helper, _ = strconv.Atoi(e.Name())
+				return true
+			}
+		}
+		return false
+	})
+	t.Cleanup(func() { syscall.Kill(helper, syscall.SIGKILL) })
+	return trainer, helper
+}
