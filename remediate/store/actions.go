@@ -162,8 +162,9 @@ func queryActions(ctx context.Context, q querier, query string, args ...any) ([]
 }
 
 // Insert records an action that no alert created (the CLI's manual
-// cleanup). It assigns an ID when a.ID is empty, and the state queued when
-// a.State is empty, and returns the ID.
+// cleanup, the hooks'). It assigns an ID when a.ID is empty, and the state
+// queued when a.State is empty, and returns the ID. An action inserted
+// running records this process as the one that runs it (Holder).
 func (s *Store) Insert(ctx context.Context, a remediate.Action) (string, error) {
 	if a.ID == "" {
 		a.ID = s.ids.next()
@@ -171,7 +172,18 @@ func (s *Store) Insert(ctx context.Context, a remediate.Action) (string, error) 
 	if a.State == "" {
 		a.State = remediate.StateQueued
 	}
-	if err := s.withTx(ctx, func(tx *sql.Tx) error { return insertAction(ctx, tx, a) }); err != nil {
+	err := s.withTx(ctx, func(tx *sql.Tx) error {
+		if err := insertAction(ctx, tx, a); err != nil {
+			return err
+		}
+		// An action inserted running runs in this process (a hook's, the
+		// CLI's): the next reader resolves it when this process is gone.
+		if a.State == remediate.StateRunning {
+			return setHolder(ctx, tx, a.ID)
+		}
+		return nil
+	})
+	if err != nil {
 		return "", err
 	}
 	return a.ID, nil
@@ -242,6 +254,11 @@ func (s *Store) Claim(ctx context.Context, id string) (remediate.Action, bool, e
 			return err
 		}
 		ok = true
+		// The claimer runs it: the next reader resolves it when this
+		// process is gone (ResolveStranded).
+		if err := setHolder(ctx, tx, id); err != nil {
+			return err
+		}
 		return addEvent(ctx, tx, id, time.Now(), "claim", nil)
 	})
 	if err != nil {
