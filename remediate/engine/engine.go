@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
@@ -24,8 +25,12 @@ type Executor interface {
 
 // Engine runs the queue.
 type Engine struct {
-	store   *store.Store
-	exec    Executor
+	store *store.Store
+	exec  Executor
+	// turns: the executor signals this node's processes (the node role's
+	// cleanup), so each action takes its GPU's turn in the store first,
+	// as the hooks do: one action per GPU at a time.
+	turns   bool
 	workers int
 	metrics *remediate.Metrics
 	logger  *slog.Logger
@@ -44,7 +49,8 @@ func New(st *store.Store, exec Executor, workers int, m *remediate.Metrics, logg
 	if workers <= 0 {
 		workers = 4
 	}
-	return &Engine{store: st, exec: exec, workers: workers, metrics: m, logger: logger,
+	_, turns := exec.(*cleanup.Node)
+	return &Engine{store: st, exec: exec, turns: turns, workers: workers, metrics: m, logger: logger,
 		wake: make(chan struct{}, 1), inflight: map[string]bool{}, notBefore: map[string]time.Time{}}
 }
 
@@ -60,9 +66,18 @@ func (e *Engine) Wake() {
 // and queues the next attempt of each that an alert created (within the
 // store's retry policy): that attempt takes a fresh snapshot and plans
 // again under the same rules, so a cleanup half done is finished, never
-// replayed from the old target list.
+// replayed from the old target list. A hook's action whose process is
+// gone is resolved the same way (store.ResolveStranded); one whose hook
+// still runs is left to it.
 func (e *Engine) Recover(ctx context.Context) error {
-	interrupted, resumed, err := e.store.Recover(ctx)
+	return e.resolve(ctx, true)
+}
+
+// resolve resolves the running actions whose process is gone, and logs
+// what it did; at start-up, the actions that a previous run of the
+// remediator left running too.
+func (e *Engine) resolve(ctx context.Context, startup bool) error {
+	interrupted, resumed, err := e.store.ResolveStranded(ctx, startup)
 	if err != nil {
 		return err
 	}
@@ -72,13 +87,20 @@ func (e *Engine) Recover(ctx context.Context) error {
 	}
 	for _, a := range interrupted {
 		e.metrics.Actions.WithLabelValues(string(remediate.StateInterrupted)).Inc()
+		what := "Action was interrupted by a restart"
+		if a.Source != remediate.SourceWebhook && a.Source != remediate.SourceDispatch {
+			what = "Action was left running by a process that is gone (" + a.Reason + ")"
+		}
 		if n, ok := next[a.ID]; ok {
-			e.logger.Warn("Action was interrupted by a restart; taken up again from a fresh snapshot", "action", a.ID,
+			e.logger.Warn(what+"; taken up again from a fresh snapshot", "action", a.ID, "source", a.Source,
 				"gpu", a.GPUUUID, "node", a.Node, "next_action", n.ID, "attempt", n.Attempt)
 			continue
 		}
-		e.logger.Warn("Action was interrupted by a restart; no attempt is left for it (or its alert resolved): it will not be repeated",
-			"action", a.ID, "gpu", a.GPUUUID, "node", a.Node, "attempt", a.Attempt)
+		e.logger.Warn(what+"; no attempt is left for it (or its alert resolved): it will not be repeated",
+			"action", a.ID, "source", a.Source, "gpu", a.GPUUUID, "node", a.Node, "attempt", a.Attempt)
+	}
+	if len(resumed) > 0 && !startup {
+		e.Wake()
 	}
 	return nil
 }
@@ -145,6 +167,11 @@ func (e *Engine) round(ctx, work context.Context, wg *sync.WaitGroup, sem chan s
 	if changed {
 		e.logger.Info("Audit store writable again: acting resumes")
 	}
+	// The hooks' actions whose process is gone (killed during its grace)
+	// are this reader's to resolve and take up.
+	if err := e.resolve(ctx, false); err != nil {
+		e.logger.Error("Resolving the actions whose process is gone failed", "err", err)
+	}
 	queued, err := e.store.Queued(ctx)
 	if err != nil {
 		e.logger.Error("Reading the queue failed", "err", err)
@@ -199,6 +226,13 @@ func (e *Engine) process(ctx context.Context, id string) time.Duration {
 	if !ok {
 		return 0 // cancelled by a resolved alert, or finished elsewhere
 	}
+	if e.turns {
+		release, retry, ok := e.takeTurn(ctx, a)
+		if !ok {
+			return retry
+		}
+		defer release()
+	}
 	result, retryAfter := e.exec.Execute(ctx, a)
 	if errors.Is(ctx.Err(), context.Canceled) && result.State == remediate.StateRunning {
 		// Shutting down mid-action: leave it running so the next start
@@ -223,4 +257,46 @@ func (e *Engine) process(ctx context.Context, id string) time.Duration {
 	e.logger.Info("Action finished", "action", result.ID, "node", result.Node, "gpu", result.GPUUUID,
 		"state", result.State, "reason", result.Reason, "freed_mib", result.FreedBytes>>20, "targets", len(result.Targets))
 	return 0
+}
+
+// TurnWait bounds how long an action waits for its GPU's turn before it
+// is put back on the queue.
+const TurnWait = 10 * time.Minute
+
+// turnPoll is how often a waiting action looks at its GPU's turn.
+const turnPoll = 200 * time.Millisecond
+
+// takeTurn takes the GPU's turn for the claimed action a, waiting while a
+// hook's action (or another of ours) holds it; the executor then plans
+// from a fresh snapshot, after whatever that action freed. ok is false
+// when it did not get the turn: the action is back on the queue, to be
+// tried again after retry.
+func (e *Engine) takeTurn(ctx context.Context, a remediate.Action) (release func(), retry time.Duration, ok bool) {
+	wctx, cancel := context.WithTimeout(ctx, TurnWait)
+	defer cancel()
+	waited, err := e.store.WaitTurn(wctx, a.GPUUUID, a.ID, a.Source, turnPoll)
+	if err == nil {
+		if len(waited) > 0 {
+			w := waited[len(waited)-1]
+			e.logger.Info("Waited for another action on this GPU: planning again from a fresh snapshot", "action", a.ID,
+				"gpu", a.GPUUUID, "waited_for", w.ActionID, "by", store.SourceName(w.Source), "pid", w.Holder.PID)
+		}
+		return func() {
+			if err := e.store.ReleaseTurn(a.GPUUUID, a.ID); err != nil {
+				e.logger.Error("Giving back the GPU's turn failed", "action", a.ID, "err", err)
+			}
+		}, 0, true
+	}
+	// Not our turn (yet): back on the queue, with whose turn it is.
+	a.State = remediate.StateQueued
+	if len(waited) > 0 {
+		a.Reason = "waiting for " + waited[len(waited)-1].Who() + " on this GPU"
+	}
+	uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), store.BusyTimeout+time.Second)
+	defer ucancel()
+	if uerr := e.store.Update(uctx, a); uerr != nil {
+		e.logger.Error("Putting an action back on the queue failed", "action", a.ID, "err", uerr)
+	}
+	e.logger.Warn("Did not get the GPU's turn: the action is back on the queue", "action", a.ID, "gpu", a.GPUUUID, "reason", a.Reason, "err", err)
+	return nil, 5 * time.Second, false
 }

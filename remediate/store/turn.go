@@ -300,8 +300,9 @@ func InterruptedReason(source string, h Holder) string {
 // interrupted, and takes each up again as a new attempt, queued for the
 // node agent, which plans it from a fresh snapshot under its own rules
 // (never replaying the old targets): an alert's action while its alert
-// fires and attempts are left (as at a restart), and a hook's or the
-// CLI's action while attempts are left, for the same GPU and job. Every
+// fires and attempts are left (as at a restart), and a hook's (prolog,
+// epilog) while attempts are left, for the same GPU and job; the CLI's is
+// left to the person who ran it. Every
 // reader calls it: the node agent at start-up (startup true, when actions
 // that name no process, from before holders were recorded, are its own
 // and interrupted too) and at each look at its queue, and the hooks and
@@ -335,13 +336,15 @@ func (s *Store) ResolveStranded(ctx context.Context, startup bool) (interrupted,
 				rows.Close()
 				return err
 			}
-			switch r.holder.Liveness() {
-			case Gone:
+			own := r.source == remediate.SourceWebhook || r.source == remediate.SourceDispatch
+			switch {
+			case startup && (own || r.holder.PID == 0):
+				// Only a remediator runs an alert's action: at its start,
+				// those are a previous run's, as are the rows that name
+				// no process (from before holders were recorded).
 				found = append(found, r)
-			case Unknown:
-				if startup && r.holder.PID == 0 {
-					found = append(found, r)
-				}
+			case r.holder.Liveness() == Gone:
+				found = append(found, r)
 			}
 		}
 		rows.Close()
@@ -385,13 +388,13 @@ func (s *Store) ResolveStranded(ctx context.Context, startup bool) (interrupted,
 }
 
 // resumeStranded queues the attempt that follows an interrupted action:
-// an alert's as a restart's (resume); another's (a hook's, the CLI's) for
-// the same GPU and job, within the attempts of the retry policy.
+// an alert's as a restart's (resume); a hook's for the same GPU and job,
+// within the attempts of the retry policy.
 func (s *Store) resumeStranded(ctx context.Context, tx *sql.Tx, a remediate.Action, now time.Time) (remediate.Action, bool, error) {
 	if a.AlertFingerprint != "" {
 		return s.resume(ctx, tx, a, now)
 	}
-	if a.GPUUUID == "" || a.Attempt >= s.retry.MaxAttempts {
+	if a.GPUUUID == "" || a.Attempt >= s.retry.MaxAttempts || (a.Source != remediate.SourceProlog && a.Source != remediate.SourceEpilog) {
 		return remediate.Action{}, false, nil
 	}
 	next := nextAttempt(s.ids.next(), a, now)
