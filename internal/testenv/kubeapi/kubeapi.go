@@ -68,6 +68,9 @@ type Server struct {
 	eventsDenied  bool
 	patches       int
 	patchRefusals int
+
+	// objects are the pods and DaemonSets (pods.go).
+	objects podStore
 }
 
 type event struct {
@@ -105,6 +108,7 @@ func Start(t testing.TB, namespace string, opts ...Option) *Server {
 	mux.HandleFunc("GET /api/v1/nodes/{name}", s.getNode)
 	mux.HandleFunc("PATCH /api/v1/nodes/{name}", s.patchNode)
 	mux.HandleFunc("POST /api/v1/namespaces/{ns}/events", s.createEvent)
+	s.servePods(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, "NotFound", "the test API server does not serve "+r.URL.Path)
 	})
