@@ -22,13 +22,8 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 	"github.com/gpu-orphan/gpu-orphan/remediate/remediateflag"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
-
-// auditRecord is the audit database that --store.path opens.
-type auditRecord interface {
-	cleanup.EventRecorder
-	Insert(ctx context.Context, a remediate.Action) (string, error)
-}
 
 // The exit statuses of `gpu-orphan clean`, as its --help lists them.
 const (
@@ -123,7 +118,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 	// act, so that a plan that does not act leaves no database behind, but
 	// before the plan is printed: a plan that says "Will signal" is one
 	// that runs.
-	var audit auditRecord
+	var audit *store.Store
 	if storePath != "" && r.Act && plan.Act && len(ownExcluded(plan)) == 0 {
 		st, err := hooks.OpenStore(ctx, storePath)
 		if err != nil {
@@ -133,6 +128,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		defer st.Close()
 		audit = st
 		nodeCfg.Recorder = st
+		hooks.ResolveStranded(ctx, st, logger)
 	}
 	fmt.Fprintln(w, lineageNote)
 	writePlan(w, plan, r.Act)
@@ -168,7 +164,26 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 		a.ID = id
 	}
 	fmt.Fprintf(w, "\nSignalling (SIGTERM, then SIGKILL after %s)...\n", r.Grace)
-	a = node.Act(ctx, a, plan)
+	// One action per GPU at a time with the node agent and the hooks: after
+	// waiting for another's turn, it plans again from a fresh snapshot.
+	a, waited, err := hooks.Act(ctx, audit, node, a, plan, func() decide.Plan { return node.Plan(ctx, gpuID) }, logger)
+	if len(waited) > 0 {
+		fmt.Fprintf(w, "Waited for %s on this GPU; planned again from a fresh snapshot.\n", waited[len(waited)-1].Who())
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-orphan: %v\n", err)
+		return exitWouldNot
+	}
+	if a.State == remediate.StateSkipped {
+		fmt.Fprintf(w, "\nNothing left to do: %s\n", a.Reason)
+		if a.ID != "" {
+			fmt.Fprintf(w, "Recorded as action %s.\n", a.ID)
+		}
+		if a.After != nil && a.After.UnownedBytes <= cfg.MinBytes {
+			return exitClean
+		}
+		return exitWouldNot
+	}
 	writeResult(w, a)
 	if a.State != remediate.StateSucceeded {
 		return exitWouldNot

@@ -70,7 +70,8 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 				}
 				continue
 			}
-			if _, err := h.act(ctx, node, plan, start); err != nil {
+			replan := func() decide.Plan { return jobend.Plan(h.loop.Refresh(ctx, true), uuid, h.job, h.cfg, time.Now()) }
+			if _, err := h.act(ctx, node, plan, start, replan); err != nil {
 				return h.finish("", []problem{{short: fmt.Sprintf("job %s's processes hold GPU %d, and nothing was signalled", h.job.ID, plan.GPUIndex), detail: err.Error()}})
 			}
 		}
@@ -92,7 +93,7 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	}
 	ok := "nothing of the job holds a GPU"
 	if len(h.actions) > 0 {
-		ok = actedLine(h.actions)
+		ok = h.actedLine()
 	}
 	if len(checked) > 0 {
 		ok += "; " + gpuList(s, checked) + " clean"

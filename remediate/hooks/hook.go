@@ -29,6 +29,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/slurm"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -95,6 +96,9 @@ type hook struct {
 	storeErr error
 	cfg      decide.Config
 	actions  []remediate.Action
+	// waited are, per action ID, the other actions (the node agent's, another
+	// hook's) whose turn on the GPU it waited for.
+	waited map[string][]store.Turn
 }
 
 // jobGPUSources are the variables that name a job's GPUs in a prolog's or
@@ -199,6 +203,7 @@ func (h *hook) open(ctx context.Context, backend *cli.Backend) (func(), error) {
 			h.st = st
 			closers = append(closers, func() { st.Close() })
 			h.restoreLineage(ctx)
+			ResolveStranded(ctx, st, h.logger)
 		}
 	}
 	return func() {
@@ -301,20 +306,118 @@ func sourceErrors(s *snapshot.Snapshot) string {
 	return strings.Join(errs, "; ")
 }
 
-// act records the action, then runs the plan through node.Act. Without a
-// store that opened (when --store.path names one), it signals nothing.
-func (h *hook) act(ctx context.Context, node *cleanup.Node, plan decide.Plan, startedAt time.Time) (remediate.Action, error) {
+// act records the action, takes the GPU's turn (Act), then runs the plan
+// through node.Act. Without a store that opened (when --store.path names
+// one), it signals nothing.
+func (h *hook) act(ctx context.Context, node *cleanup.Node, plan decide.Plan, startedAt time.Time, replan func() decide.Plan) (remediate.Action, error) {
 	a := remediate.Action{Node: Hostname(), GPUUUID: plan.GPUUUID, GPUIndex: plan.GPUIndex, Policy: plan.Policy,
 		State: remediate.StateRunning, Source: h.name, StartedAt: startedAt}
-	before := plan.Before
-	a.Before, a.Targets, a.Excluded, a.DeadOwners = &before, plan.Targets, plan.Excluded, plan.DeadOwners
+	a = withPlan(a, plan)
 	if err := h.record(ctx, &a); err != nil {
 		return a, err
 	}
 	h.logger.Info("Signalling", "job", h.job.ID, "gpu", plan.GPUIndex, "action", a.ID, "targets", len(plan.Targets))
-	a = node.Act(ctx, a, plan)
+	a, waited, err := Act(ctx, h.st, node, a, plan, replan, h.logger)
+	if len(waited) > 0 {
+		if h.waited == nil {
+			h.waited = map[string][]store.Turn{}
+		}
+		h.waited[a.ID] = waited
+	}
 	h.actions = append(h.actions, a)
-	return a, nil
+	return a, err
+}
+
+// TurnPoll is how often a hook waiting for a GPU's turn looks again.
+const TurnPoll = 200 * time.Millisecond
+
+// Act runs a recorded, running action's plan on this node, one action per
+// GPU at a time with the node agent and the other hooks: it takes the
+// GPU's turn in the store (store.Store.WaitTurn, which the agent's queue
+// takes too), waiting while another action holds it, bounded by ctx. After
+// a wait it plans again from a fresh snapshot (replan): the other action
+// has probably freed the memory, which this one then neither signals nor
+// counts; a plan with nothing to do ends the action skipped. It returns
+// the action, and the turns it waited for. Without a store (st nil) it
+// only acts.
+func Act(ctx context.Context, st *store.Store, node *cleanup.Node, a remediate.Action, plan decide.Plan,
+	replan func() decide.Plan, logger *slog.Logger) (remediate.Action, []store.Turn, error) {
+	if st != nil {
+		waited, err := st.WaitTurn(ctx, a.GPUUUID, a.ID, a.Source, TurnPoll)
+		if err != nil {
+			now := time.Now()
+			a.State, a.FinishedAt = remediate.StateFailed, &now
+			a.Reason = "nothing was signalled: the GPU's turn was not given: " + err.Error()
+			if len(waited) > 0 {
+				a.Reason = "nothing was signalled: waited for " + waited[len(waited)-1].Who() + " on this GPU until " + err.Error()
+			}
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), store.BusyTimeout+time.Second)
+			defer cancel()
+			if uerr := st.Update(uctx, a); uerr != nil {
+				logger.Error("Recording an action's end", "action", a.ID, "err", uerr)
+			}
+			return a, waited, errors.New(a.Reason)
+		}
+		defer func() {
+			if err := st.ReleaseTurn(a.GPUUUID, a.ID); err != nil {
+				logger.Error("Giving back the GPU's turn", "action", a.ID, "err", err)
+			}
+		}()
+		if len(waited) > 0 {
+			w := waited[len(waited)-1]
+			logger.Warn("Waited for another action on this GPU: planning again from a fresh snapshot", "action", a.ID,
+				"gpu", a.GPUIndex, "waited_for", w.ActionID, "by", store.SourceName(w.Source), "pid", w.Holder.PID)
+			if replan != nil {
+				plan = replan()
+			}
+			if !plan.Act {
+				now := time.Now()
+				before := plan.Before
+				a.Before, a.After, a.Targets, a.Excluded, a.DeadOwners = &before, &before, []remediate.Target{}, plan.Excluded, plan.DeadOwners
+				a.State, a.FinishedAt = remediate.StateSkipped, &now
+				a.Reason = "after waiting for " + w.Who() + ": " + plan.SkipText()
+				if err := st.Update(ctx, a); err != nil {
+					return a, waited, fmt.Errorf("recording the action: %w", err)
+				}
+				return a, waited, nil
+			}
+			a = withPlan(a, plan)
+			return node.Act(ctx, a, plan), waited, nil
+		}
+	}
+	return node.Act(ctx, withPlan(a, plan), plan), nil, nil
+}
+
+// withPlan copies the plan's evidence and targets into the action.
+func withPlan(a remediate.Action, plan decide.Plan) remediate.Action {
+	before := plan.Before
+	a.Before, a.Targets, a.Excluded, a.DeadOwners = &before, plan.Targets, plan.Excluded, plan.DeadOwners
+	if plan.GPUUUID != "" {
+		a.GPUUUID, a.GPUIndex = plan.GPUUUID, plan.GPUIndex
+	}
+	a.Policy = plan.Policy
+	return a
+}
+
+// ResolveStranded resolves, as the next reader of st, the running actions
+// whose process is gone (a hook killed during its grace, a remediator that
+// died), and says so: the node agent takes them up again.
+func ResolveStranded(ctx context.Context, st *store.Store, logger *slog.Logger) {
+	interrupted, resumed, err := st.ResolveStranded(ctx, false)
+	if err != nil {
+		logger.Warn("Cannot resolve the actions whose process is gone", "err", err)
+		return
+	}
+	for _, a := range interrupted {
+		next := ""
+		for _, r := range resumed {
+			if r.RetryOf == a.ID {
+				next = r.ID
+			}
+		}
+		logger.Warn("An action was left running by a process that is gone: marked interrupted", "action", a.ID, "source", a.Source,
+			"gpu", a.GPUIndex, "reason", a.Reason, "next_action", next)
+	}
 }
 
 // record inserts a new action, with the job it is for; it is an error to
@@ -491,7 +594,7 @@ func (h *hook) finish(ok string, problems []problem) int {
 			parts = append(parts, s)
 		}
 		line = fmt.Sprintf("job %s: %s", h.job.ID, strings.Join(parts, "; "))
-		reason := slurm.ReasonPrefix + problems[0].short
+		reason := slurm.ReasonPrefix + termsafe.Escape(problems[0].short)
 		if len(problems) > 1 {
 			reason += fmt.Sprintf(" (and %d more)", len(problems)-1)
 		}
@@ -507,6 +610,11 @@ func (h *hook) finish(ok string, problems []problem) int {
 			}
 		}
 	}
+	// The line names processes by their comm, which their user chose:
+	// escaped, a comm with an escape sequence or a newline can neither
+	// drive the terminal nor forge a second line in slurmd's or syslog's
+	// log.
+	line = termsafe.Escape(line)
 	fmt.Fprintf(h.stderr, "gpu-orphan %s: %s\n", h.name, line)
 	h.syslog(status == ExitClean, line)
 	return status
@@ -635,10 +743,19 @@ func gpuList(s *snapshot.Snapshot, uuids []string) string {
 	return "GPUs " + strings.Join(idx, ", ")
 }
 
-// actedLine says what the actions of this run did.
-func actedLine(actions []remediate.Action) string {
+// actedLine says what the actions of this run did, and whose actions on
+// the same GPU they waited for.
+func (h *hook) actedLine() string {
 	var parts []string
-	for _, a := range actions {
+	for _, a := range h.actions {
+		if w := h.waited[a.ID]; len(w) > 0 && a.State == remediate.StateSkipped {
+			s := fmt.Sprintf("waited for %s on GPU %d, which left nothing to signal", w[len(w)-1].Who(), a.GPUIndex)
+			if a.ID != "" {
+				s += " (action " + a.ID + ")"
+			}
+			parts = append(parts, s)
+			continue
+		}
 		var pids []string
 		for _, t := range a.Targets {
 			pids = append(pids, strconv.Itoa(t.PID))
@@ -649,6 +766,9 @@ func actedLine(actions []remediate.Action) string {
 		}
 		if a.ID != "" {
 			s += " (action " + a.ID + ")"
+		}
+		if w := h.waited[a.ID]; len(w) > 0 {
+			s += ", after waiting for " + w[len(w)-1].Who()
 		}
 		parts = append(parts, s)
 	}

@@ -60,7 +60,7 @@ func RunProlog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 			problems = append(problems, p)
 			continue
 		}
-		if _, err := h.act(ctx, node, plan, start); err != nil {
+		if _, err := h.act(ctx, node, plan, start, func() decide.Plan { return node.Plan(ctx, uuid) }); err != nil {
 			return h.finish("", []problem{{short: fmt.Sprintf("GPU %d holds %s with no owner, and nothing was signalled", g.Device.Index, size(g.UnexplainedBytes)), detail: err.Error()}})
 		}
 	}
@@ -75,7 +75,7 @@ func RunProlog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	}
 	ok := gpuList(s, gpus) + " clean"
 	if len(h.actions) > 0 {
-		ok = actedLine(h.actions) + "; " + ok
+		ok = h.actedLine() + "; " + ok
 	}
 	ok += fmt.Sprintf(" (%.2f s)", time.Since(start).Seconds())
 	return h.finish(ok, nil)
