@@ -108,16 +108,3 @@ func mkdir(t *testing.T, dir string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
-
-func TestShellQuote(t *testing.T) {
-	for in, want := range map[string]string{
-		"/var/lib/gpu-orphan": "/var/lib/gpu-orphan",
-		"/tmp/a b":            "'/tmp/a b'",
-		"/tmp/it's":           `'/tmp/it'\''s'`,
-		"":                    "''",
-	} {
-		if got := shellQuote(in); got != want {
-			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
-		}
-	}
-}

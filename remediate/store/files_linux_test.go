@@ -17,10 +17,10 @@ import (
 // a database that an older version left 0644 is brought to 0600 when
 // opened.
 func TestFileModesUnderPermissiveUmask(t *testing.T) {
+	dir := t.TempDir() // 0700: MakeDir would make it so; the files are this test's
 	old := syscall.Umask(0)
 	defer syscall.Umask(old)
 
-	dir := t.TempDir()
 	path := filepath.Join(dir, "store.db")
 	s := openTest(t, path)
 	record(t, s, firing("01", t0)) // the WAL and its index exist now

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/privdir"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -38,18 +39,28 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the store at path and migrates its
-// schema. The path's directory must exist and be writable.
+// schema. The path's directory must exist, be writable, and pass
+// MakeDir's checks; the database and its -wal, -shm and -journal are
+// opened there without following links (a link is refused, in one line
+// that says what to run).
 func Open(ctx context.Context, path string) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("store path %q: %w", path, err)
 	}
-	if err := checkDir(filepath.Dir(abs)); err != nil {
+	dir, err := privdir.Open(filepath.Dir(abs), names)
+	if err != nil {
 		return nil, err
 	}
-	if err := privateFiles(abs); err != nil {
+	defer dir.Close()
+	if err := checkWritable(dir); err != nil {
 		return nil, err
 	}
+	file, err := privateFiles(dir, filepath.Base(abs))
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
 
 	// Pragmas go in the DSN so that a connection the pool replaces gets
 	// them too. _txlock=immediate takes the write lock at BEGIN: a
@@ -75,6 +86,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	db.SetConnMaxIdleTime(0)
 
 	s := &Store{db: db, path: abs, retry: RetryPolicy{MaxAttempts: DefaultMaxAttempts}}
+	if err := s.sameFile(ctx, file); err != nil {
+		db.Close()
+		return nil, err
+	}
 	if err := s.init(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("opening store %s: %w", abs, err)
@@ -82,25 +97,47 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	return s, nil
 }
 
-// OpenReadOnly opens an existing store to read it (gpu-orphan report),
-// never writing to it: no migration, no probe file. A store of an older
-// schema is refused with what to do; a newer one is read, since migrations
-// only add.
+// sameFile checks that the file SQLite opened is the one checked through
+// the directory's descriptor: SQLite opens by path, and follows links.
+func (s *Store) sameFile(ctx context.Context, checked *os.File) error {
+	var seq int
+	var name, opened string
+	if err := s.db.QueryRowContext(ctx, "PRAGMA database_list").Scan(&seq, &name, &opened); err != nil {
+		return fmt.Errorf("opening store %s: %w", s.path, err)
+	}
+	if !privdir.SameFile(checked, opened) {
+		return fmt.Errorf("the audit database %s changed while it was opened (SQLite opened %s): is another user renaming directories above it? Give --store.path a directory whose parents only root can write", s.path, opened)
+	}
+	return nil
+}
+
+// OpenReadOnly opens an existing store to read it (gpu-orphan report,
+// and the lineage that ps and clean read), never writing to it: no
+// migration, no probe file. Its directory is checked as Open checks it,
+// except that it may also be root's, and the database is not a link. A
+// store of an older schema is refused with what to do; a newer one is
+// read, since migrations only add.
 func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("store path %q: %w", path, err)
 	}
-	fi, err := os.Stat(abs)
+	dir, err := privdir.OpenToRead(filepath.Dir(abs), names)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("no audit database at %s: %w", abs, os.ErrNotExist)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("the audit database %s: %w", abs, err)
+		return nil, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("the audit database %s is not a file", abs)
+	defer dir.Close()
+	file, err := dir.OpenFile(filepath.Base(abs), os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no audit database at %s: %w", abs, os.ErrNotExist)
 	}
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
 	q.Add("_pragma", "query_only(1)")
@@ -111,6 +148,11 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: %w", abs, err)
 	}
 	db.SetMaxOpenConns(1)
+	s := &Store{db: db, path: abs}
+	if err := s.sameFile(ctx, file); err != nil {
+		db.Close()
+		return nil, err
+	}
 	var v int
 	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		db.Close()
@@ -123,30 +165,21 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("the audit database %s has schema version %d, older than this binary's %d: start this version's gpu-orphan-remediator on it once to migrate it", abs, v, SchemaVersion)
 	}
-	return &Store{db: db, path: abs}, nil
+	return s, nil
 }
 
-func checkDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("store directory %s does not exist: %w", dir, err)
-	}
+// checkWritable tries to create a file in dir: the only test that holds
+// for root, read-only mounts and ACLs alike; SQLite also needs to create
+// -wal and -shm there.
+func checkWritable(dir *privdir.Dir) error {
+	name := fmt.Sprintf(".gpu-orphan-store-probe-%d-%d", os.Getpid(), time.Now().UnixNano())
+	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("store directory %s: %w", dir, err)
+		return fmt.Errorf("store directory %s is not writable: %w", dir.Path(), err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("store directory %s is not a directory", dir)
-	}
-	// Creating a file is the only test that holds for root, read-only
-	// mounts and ACLs alike; SQLite also needs to create -wal and -shm here.
-	f, err := os.CreateTemp(dir, ".gpu-orphan-store-probe-*")
-	if err != nil {
-		return fmt.Errorf("store directory %s is not writable: %w", dir, err)
-	}
-	name := f.Name()
 	f.Close()
-	if err := os.Remove(name); err != nil {
-		return fmt.Errorf("store directory %s: removing probe file: %w", dir, err)
+	if err := dir.Remove(name); err != nil {
+		return fmt.Errorf("store directory %s: removing probe file: %w", dir.Path(), err)
 	}
 	return nil
 }
@@ -157,41 +190,50 @@ func checkDir(dir string) error {
 const FileMode os.FileMode = 0o600
 
 // privateFiles creates the database file with FileMode, or brings an
-// existing one (and its -wal and -shm) to it, before SQLite opens it.
+// existing one (and its -wal, -shm and -journal) to it, before SQLite
+// opens it; none of them is followed if it is a link: a link is refused.
 // SQLite creates a new database with 0644 less the umask, but it creates
 // -wal and -shm with the database's own mode, whatever the umask: so a
-// 0600 database gives 0600 companions.
-func privateFiles(abs string) error {
-	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, FileMode)
+// 0600 database gives 0600 companions. The database stays open, for
+// Open to check that SQLite opened the same file.
+func privateFiles(dir *privdir.Dir, base string) (*os.File, error) {
+	abs := filepath.Join(dir.Path(), base)
+	f, err := dir.OpenFile(base, os.O_RDWR|os.O_CREATE, FileMode)
 	if err != nil {
-		return fmt.Errorf("opening the audit database %s: %w", abs, err)
+		return nil, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("the audit database %s: %w", abs, err)
+	if err := private(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("the audit database %s: %w", abs, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("the audit database %s is not a file", abs)
-	}
-	if fi.Mode().Perm() != FileMode {
-		if err := f.Chmod(FileMode); err != nil {
-			return fmt.Errorf("the audit database %s has mode %#o, which lets other users read it, and could not be made %#o: %w",
-				abs, fi.Mode().Perm(), FileMode, err)
-		}
-	}
-	for _, suffix := range []string{"-wal", "-shm"} {
-		fi, err := os.Lstat(abs + suffix)
+	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+		side, err := dir.OpenFile(base+suffix, os.O_RDWR, 0)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("the audit database's %s: %w", abs+suffix, err)
+			f.Close()
+			return nil, err
 		}
-		if fi.Mode().IsRegular() && fi.Mode().Perm() != FileMode {
-			if err := os.Chmod(abs+suffix, FileMode); err != nil {
-				return fmt.Errorf("%s has mode %#o and could not be made %#o: %w", abs+suffix, fi.Mode().Perm(), FileMode, err)
-			}
+		err = private(side)
+		side.Close()
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("the audit database's %s: %w", abs+suffix, err)
+		}
+	}
+	return f, nil
+}
+
+// private brings f to FileMode.
+func private(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm() != FileMode {
+		if err := f.Chmod(FileMode); err != nil {
+			return fmt.Errorf("it has mode %#o, which lets other users read it, and could not be made %#o: %w", fi.Mode().Perm(), FileMode, err)
 		}
 	}
 	return nil
