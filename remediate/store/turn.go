@@ -144,13 +144,13 @@ func (s *Store) tryTurn(ctx context.Context, gpu, id, source string) (held Turn,
 	}
 	err = s.withTx(ctx, func(tx *sql.Tx) error {
 		var (
-			t                Turn
-			holder, taken_at string
-			state            sql.NullString
+			t               Turn
+			holder, takenAt string
+			state           sql.NullString
 		)
 		err := tx.QueryRowContext(ctx, `SELECT t.action_id, t.source, t.holder_json, t.taken_at, a.state
 			FROM gpu_turns t LEFT JOIN actions a ON a.id = t.action_id WHERE t.gpu_uuid = ?`, gpu).
-			Scan(&t.ActionID, &t.Source, &holder, &taken_at, &state)
+			Scan(&t.ActionID, &t.Source, &holder, &takenAt, &state)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
@@ -163,7 +163,7 @@ func (s *Store) tryTurn(ctx context.Context, gpu, id, source string) (held Turn,
 			if err := fromJSON(holder, &t.Holder); err != nil {
 				return err
 			}
-			if t.TakenAt, err = parseTime(taken_at); err != nil {
+			if t.TakenAt, err = parseTime(takenAt); err != nil {
 				return err
 			}
 			if state.String == string(remediate.StateRunning) {
@@ -219,7 +219,7 @@ func (s *Store) WaitTurn(ctx context.Context, gpu, id, source string, poll time.
 					detail["its_state"], detail["its_freed_bytes"] = a.State, a.FreedBytes
 				}
 				if err := s.AddEvent(ctx, id, "waited", detail); err != nil {
-					s.releaseTurn(gpu, id)
+					_ = s.releaseTurn(gpu, id) // the event's error says more
 					return waited, err
 				}
 			}
