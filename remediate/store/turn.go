@@ -201,6 +201,10 @@ func (s *Store) WaitTurn(ctx context.Context, gpu, id, source string, poll time.
 	start := time.Now()
 	for {
 		held, taken, err := s.tryTurn(ctx, gpu, id, source)
+		if err != nil && ctx.Err() != nil {
+			// The transaction ended with ctx: nothing was taken.
+			return waited, context.Cause(ctx)
+		}
 		if errors.Is(err, errStale) {
 			if _, _, err := s.ResolveStranded(ctx, false); err != nil {
 				return waited, err
@@ -302,53 +306,26 @@ func InterruptedReason(source string, h Holder) string {
 // (never replaying the old targets): an alert's action while its alert
 // fires and attempts are left (as at a restart), and a hook's (prolog,
 // epilog) while attempts are left, for the same GPU and job; the CLI's is
-// left to the person who ran it. Every
-// reader calls it: the node agent at start-up (startup true, when actions
-// that name no process, from before holders were recorded, are its own
-// and interrupted too) and at each look at its queue, and the hooks and
-// gpu-orphan clean when they open the store. Their GPU turns are given
-// back.
+// left to the person who ran it. Every reader calls it: the node agent at
+// start-up (startup true: the alerts' actions still running are a previous
+// run's, as are those that name no process, from before holders were
+// recorded) and at each look at its queue, and the hooks and gpu-orphan
+// clean when they open the store. Their GPU turns are given back.
 func (s *Store) ResolveStranded(ctx context.Context, startup bool) (interrupted, resumed []remediate.Action, err error) {
 	me, err := Self()
 	if err != nil {
 		return nil, nil, fmt.Errorf("who reads the store: %w", err)
 	}
+	// Most looks find nothing: they read, and take the write lock only
+	// when there is something to resolve.
+	if found, err := strandedActions(ctx, s.db, startup); err != nil || len(found) == 0 {
+		return nil, nil, err
+	}
 	now := time.Now()
 	err = s.withTx(ctx, func(tx *sql.Tx) error {
 		interrupted, resumed = nil, nil
-		rows, err := tx.QueryContext(ctx, `SELECT id, source, holder_json FROM actions WHERE state = ?`, remediate.StateRunning)
+		found, err := strandedActions(ctx, tx, startup)
 		if err != nil {
-			return err
-		}
-		type stranded struct {
-			id, source string
-			holder     Holder
-		}
-		var found []stranded
-		for rows.Next() {
-			var r stranded
-			var j string
-			if err := rows.Scan(&r.id, &r.source, &j); err != nil {
-				rows.Close()
-				return err
-			}
-			if err := fromJSON(j, &r.holder); err != nil {
-				rows.Close()
-				return err
-			}
-			own := r.source == remediate.SourceWebhook || r.source == remediate.SourceDispatch
-			switch {
-			case startup && (own || r.holder.PID == 0):
-				// Only a remediator runs an alert's action: at its start,
-				// those are a previous run's, as are the rows that name
-				// no process (from before holders were recorded).
-				found = append(found, r)
-			case r.holder.Liveness() == Gone:
-				found = append(found, r)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		for _, r := range found {
@@ -385,6 +362,40 @@ func (s *Store) ResolveStranded(ctx context.Context, startup bool) (interrupted,
 		return nil, nil, fmt.Errorf("resolving the actions whose process is gone: %w", err)
 	}
 	return interrupted, resumed, nil
+}
+
+// stranded is a running action whose process is gone.
+type stranded struct {
+	id, source string
+	holder     Holder
+}
+
+// strandedActions lists the running actions whose process is gone; at
+// start-up, also the alerts' actions, which only a remediator runs (a
+// previous run's, then), and those that name no process (from before
+// holders were recorded).
+func strandedActions(ctx context.Context, q querier, startup bool) ([]stranded, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id, source, holder_json FROM actions WHERE state = ?`, remediate.StateRunning)
+	if err != nil {
+		return nil, fmt.Errorf("listing running actions: %w", err)
+	}
+	defer rows.Close()
+	var found []stranded
+	for rows.Next() {
+		var r stranded
+		var j string
+		if err := rows.Scan(&r.id, &r.source, &j); err != nil {
+			return nil, err
+		}
+		if err := fromJSON(j, &r.holder); err != nil {
+			return nil, err
+		}
+		own := r.source == remediate.SourceWebhook || r.source == remediate.SourceDispatch
+		if (startup && (own || r.holder.PID == 0)) || r.holder.Liveness() == Gone {
+			found = append(found, r)
+		}
+	}
+	return found, rows.Err()
 }
 
 // resumeStranded queues the attempt that follows an interrupted action:
