@@ -359,3 +359,101 @@ func TestEpilogEscapesComm(t *testing.T) {
 		t.Errorf("the worker of no job was signalled")
 	}
 }
+
+// TestEpilogWaitsForAgent (issue 24, item 8, the other order): the node
+// agent (--act, a 5 s grace) is signalling job 7's SIGTERM-ignoring
+// workers for an alert when the job's epilog runs. The epilog waits for
+// the agent's turn on the GPU, says so in its one line (the agent's action
+// and PID), plans again, finds nothing of the job left, and exits 0; its
+// action is skipped and frees nothing. The agent's SIGKILL, after its own
+// grace, ended the workers. The old code: the epilog signalled them
+// during the agent's grace, and both claimed the memory.
+func TestEpilogWaitsForAgent(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	root := testenv.SimNode(t, 1)
+	uuid := gpuUUID(t, root, 0)
+	job := testenv.SlurmJobID()
+	w := testenv.StartWorkload(t, root, 0, 520, 2, "--ignore-sigterm")
+	intoJob(t, job, append([]int{w.PID}, w.Children...)...)
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	agent := testenv.NodeAgent(t, root, db, "--act", "--remediate.min-age=0s", "--remediate.grace=5s", "--remediate.verify-timeout=10s")
+	w.KillParent(t)
+	waitInherited(t, db, w.Children...)
+	alertAgent(t, agent, uuid)
+	ag := sigtermed(t, db, remediate.SourceWebhook, w.Children...)
+
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=0"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=1s", "--timeout=120s", "--log.syslog-socket=")
+	if want := "gpu-orphan epilog: job " + job + ": waited for action " + ag.ID + " (the remediator, PID "; code != 0 || !strings.Contains(out, want) ||
+		!strings.Contains(out, "on GPU 0, which left nothing to signal") {
+		t.Errorf("epilog: exit %d\n%s\nwant exit 0 and a line that says it waited for the agent's action: %q", code, out, want)
+	}
+	for _, c := range w.Children {
+		testenv.WaitGone(t, c)
+	}
+	as, events := actions(t, db)
+	ag = as[slices.IndexFunc(as, func(a remediate.Action) bool { return a.ID == ag.ID })]
+	i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.Source == remediate.SourceEpilog })
+	if i < 0 {
+		t.Fatalf("no epilog action: %+v", as)
+	}
+	ep := as[i]
+	if ag.State != remediate.StateSucceeded || ag.FreedBytes == 0 {
+		t.Errorf("the agent's action: %s (%s), freed %d", ag.State, ag.Reason, ag.FreedBytes)
+	}
+	for _, tg := range ag.Targets {
+		if tg.Outcome != kill.OutcomeExitedAfterSIGKILL {
+			t.Errorf("the agent's target %d: %s, want %s after its own grace: someone else signalled it meanwhile", tg.PID, tg.Outcome, kill.OutcomeExitedAfterSIGKILL)
+		}
+	}
+	if _, signalled := eventDetail(events[ep.ID], "signal"); signalled || ep.State != remediate.StateSkipped || ep.FreedBytes != 0 {
+		t.Errorf("the epilog's action: %s (%s), freed %d, signalled %v; want skipped, nothing freed or signalled", ep.State, ep.Reason, ep.FreedBytes, signalled)
+	}
+	if d, ok := eventDetail(events[ep.ID], "waited"); !ok || d["for_action"] != ag.ID || d["source"] != remediate.SourceWebhook {
+		t.Errorf("the epilog's waited event %v, want the agent's action %s", d, ag.ID)
+	}
+}
+
+// TestHookResolvesKilledEpilog (issue 24, item 9, with no node agent): an
+// epilog killed with SIGKILL during its grace leaves its action running;
+// the next hook that opens the store (the epilog of another job, which has
+// nothing to do) resolves it as interrupted, naming the killed epilog's
+// PID, and queues the attempt that a node agent will take up. The old
+// code left it running.
+func TestHookResolvesKilledEpilog(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	root := testenv.SimNode(t, 1)
+	job := testenv.SlurmJobID()
+	w := testenv.StartWorkload(t, root, 0, 1024, 1, "--ignore-sigterm")
+	intoJob(t, job, append([]int{w.PID}, w.Children...)...)
+	w.KillParent(t)
+	db := filepath.Join(t.TempDir(), "remediator.db")
+	epilog, _ := startEpilog(t, []string{"SLURM_JOB_ID=" + job, "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=0"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--grace=30s", "--timeout=120s", "--log.syslog-socket=")
+	ep := sigtermed(t, db, remediate.SourceEpilog, w.Children...)
+	if err := epilog.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	epilog.Wait()
+
+	code, out := runHook(t, []string{"SLURM_JOB_ID=" + testenv.SlurmJobID(), "SLURM_JOB_UID=0"},
+		"--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db, "--log.syslog-socket=")
+	if code != 0 {
+		t.Errorf("the next epilog: exit %d\n%s", code, out)
+	}
+	as, events := actions(t, db)
+	ep = as[slices.IndexFunc(as, func(a remediate.Action) bool { return a.ID == ep.ID })]
+	if want := "the epilog that ran it (PID " + strconv.Itoa(epilog.Process.Pid) + ") ended mid-action"; ep.State != remediate.StateInterrupted || ep.Reason != want {
+		t.Errorf("the killed epilog's action: %s (%s), want interrupted (%s)", ep.State, ep.Reason, want)
+	}
+	d, _ := eventDetail(events[ep.ID], "interrupted")
+	i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.RetryOf == ep.ID })
+	if i < 0 || as[i].State != remediate.StateQueued || d["resumed_by"] != as[i].ID {
+		t.Errorf("actions %+v, interrupted event %v: want a queued attempt after %s", as, d, ep.ID)
+	}
+	if !testenv.Alive(w.Children[0]) {
+		t.Errorf("worker %d died of a SIGTERM it ignores", w.Children[0])
+	}
+}
