@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 )
 
 // State is where an action stands, as GET /api/v1/actions reports it.
@@ -106,9 +107,11 @@ type Action struct {
 	RetryOf       string `json:"retry_of,omitempty"`
 	// Escalation is set on a failed action whose targets are all gone while
 	// the memory stays held by something the plan could not prove or could
-	// not see (EscalationHiddenHolder, EscalationUnprovenHolder): a case for
-	// a human, which the circuit breaker does not count, since the
-	// remediator's own signals did all they could.
+	// not see (EscalationHiddenHolder, EscalationUnprovenHolder), or whose
+	// surviving targets are all held at their exit by a tracer that is not a
+	// target (EscalationTracedHolder): a case for a human, which the circuit
+	// breaker does not count, since the remediator's own signals did all
+	// they could.
 	Escalation string `json:"escalation,omitempty"`
 }
 
@@ -166,7 +169,46 @@ const (
 	// still hold the GPU, and nothing proves that they inherited a dead
 	// owner's context.
 	EscalationUnprovenHolder = "unproven_holder"
+	// EscalationTracedHolder: every target that outlived its signals is
+	// held in a tracing stop by its tracer (ptrace(2), for instance
+	// PTRACE_O_TRACEEXIT, which stops a dying process at its exit with its
+	// descriptors still open), and the tracer is not one of the action's
+	// targets: the hold is the tracer's user's (Target.Tracer names it).
+	EscalationTracedHolder = "traced_holder"
 )
+
+// EscalationUsers are the users an escalated action is counted for, as
+// metric labels, sorted: for traced_holder the users of the tracers that
+// hold its surviving targets, else those of its dead owners; UnknownUser
+// when there are none.
+func (a Action) EscalationUsers() []string {
+	var users []string
+	add := func(u string) {
+		if !slices.Contains(users, u) {
+			users = append(users, u)
+		}
+	}
+	if a.Escalation == EscalationTracedHolder {
+		for _, t := range a.Targets {
+			if t.Tracer != nil && t.Outcome == "still_alive" {
+				if t.Tracer.User != "" {
+					add(t.Tracer.User)
+				} else {
+					add(strconv.Itoa(t.Tracer.UID))
+				}
+			}
+		}
+	} else {
+		for _, o := range a.DeadOwners {
+			add(o.UserLabel())
+		}
+	}
+	if len(users) == 0 {
+		users = []string{UnknownUser}
+	}
+	slices.Sort(users)
+	return users
+}
 
 // MemoryHeld reports whether a finished action ended with the memory it
 // was about still held: it failed, a restart interrupted it, or it
@@ -357,6 +399,45 @@ type Target struct {
 	Outcome string   `json:"outcome,omitempty"`
 	Signals []string `json:"signals,omitempty"`
 	Error   string   `json:"error,omitempty"`
+	// Tracer is the process that traced the target with ptrace(2) when the
+	// plan was made or when it outlived its signals (/proc/PID/status
+	// TracerPid); nil when none did.
+	Tracer *Tracer `json:"tracer,omitempty"`
+}
+
+// Tracer is the process that traces a target (ptrace(2)): a tracee that
+// dies stops at its exit (PTRACE_O_TRACEEXIT) or at the signal
+// (signal-delivery-stop), its descriptors and so the GPU context still
+// open, until the tracer lets it go or ends.
+type Tracer struct {
+	// PID is the tracer's process (its thread group: /proc/PID/status
+	// TracerPid names the tracing thread).
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	UID       int    `json:"uid"`
+	// User and Comm are escaped (termsafe.Escape): the tracer's user
+	// chose its comm.
+	User string `json:"user,omitempty"`
+	Comm string `json:"comm"`
+	// Target is true when the tracer is itself a target of the action (a
+	// proven target, or for the epilog a process of the ended job), so that
+	// its signals end the hold.
+	Target bool `json:"target,omitempty"`
+}
+
+// NewTracer names p as a tracer.
+func NewTracer(p proc.Process) *Tracer {
+	return &Tracer{PID: p.PID, StartTime: p.StartTime, UID: p.UID, User: termsafe.Escape(p.User), Comm: termsafe.Escape(p.Comm)}
+}
+
+// Who says who the tracer is, for people: "PID 4242 (strace), user
+// alice (UID 1001)".
+func (t Tracer) Who() string {
+	user := t.User
+	if user == "" {
+		user = strconv.Itoa(t.UID)
+	}
+	return fmt.Sprintf("PID %d (%s), user %s (UID %d)", t.PID, t.Comm, user, t.UID)
 }
 
 // ExclusionReason says why a process is left alone.
@@ -371,7 +452,8 @@ type Exclusion struct {
 // Leftover is what still holds the memory after a failed cleanup.
 type Leftover struct {
 	PID int `json:"pid,omitempty"`
-	// Kind is d_state, zombie, other_pid_namespace, protected, or driver.
+	// Kind is alive, d_state, traced, zombie, other_pid_namespace,
+	// protected, or driver.
 	Kind   string `json:"kind"`
 	Detail string `json:"detail"`
 }

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -262,32 +261,4 @@ func TestBreakerIgnoresHiddenHolders(t *testing.T) {
 	if code, resp := post(t, url, token, body); code != http.StatusOK || results(t, resp)["duplicate"] != 1 {
 		t.Errorf("re-sent notification after a skipped attempt: %d %s, want a duplicate", code, resp)
 	}
-}
-
-// holdAtExit makes pid unable to finish dying while the test runs: this
-// test process traces it with PTRACE_O_TRACEEXIT, so that any death, from
-// SIGTERM or SIGKILL, stops it at PTRACE_EVENT_EXIT with its descriptors
-// (and the GPU context) still open and its pidfd not yet readable: a
-// target that survives the kill ladder, as one stuck in the kernel does.
-// At cleanup the tracing thread exits, which lets it go.
-func holdAtExit(t *testing.T, pid int) {
-	t.Helper()
-	seized := make(chan error)
-	release := make(chan struct{})
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, and the
-		// kernel detaches its tracees then.
-		runtime.LockOSThread()
-		_, _, errno := syscall.Syscall6(syscall.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(pid), 0, unix.PTRACE_O_TRACEEXIT, 0, 0)
-		if errno != 0 {
-			seized <- errno
-			return
-		}
-		seized <- nil
-		<-release
-	}()
-	if err := <-seized; err != nil {
-		t.Skipf("PTRACE_SEIZE of %d: %v", pid, err)
-	}
-	t.Cleanup(func() { close(release) })
 }

@@ -1,8 +1,11 @@
 package remediate_test
 
 import (
+	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,10 +25,11 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	root := testenv.SimNode(t, 2)
 	uuid := gpuUUID(t, root, 1)
 	w := testenv.StartWorkload(t, root, 1, 2048, 1)
-	// This test process traces the child so that it cannot finish dying:
-	// it survives SIGTERM and SIGKILL, its context open, as a process stuck
-	// in the kernel does.
-	holdAtExit(t, w.Children[0])
+	// The child is frozen (cgroup v1 freezer): it survives SIGTERM and
+	// SIGKILL in D state, its context open, as a process stuck in the
+	// kernel does. (A tracer's hold is the tracer's user's, an escalation
+	// that never opens the breaker: TestPtraceHeldTargetEscalates.)
+	freezeInKernel(t, w.Children[0])
 
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.verify-timeout=2s",
 		"--limit.breaker-failures=1", "--limit.cooldown=0s")
@@ -41,7 +45,7 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	if len(a.Targets) != 1 || a.Targets[0].Outcome != "still_alive" || a.Escalation != "" {
 		t.Errorf("targets %+v, escalation %q", a.Targets, a.Escalation)
 	}
-	if len(a.Leftover) == 0 || a.Leftover[0].PID != w.Children[0] || a.Leftover[0].Kind != "alive" || a.NextStep == "" {
+	if len(a.Leftover) == 0 || a.Leftover[0].PID != w.Children[0] || a.Leftover[0].Kind != "d_state" || a.NextStep == "" {
 		t.Errorf("leftover %+v, next step %q", a.Leftover, a.NextStep)
 	}
 	if a.After == nil || a.After.UnownedBytes < 2048<<20 {
@@ -89,5 +93,26 @@ func TestFailedCleanupOpensBreaker(t *testing.T) {
 	resp.Body.Close()
 	testenv.Eventually(t, 20*time.Second, "the held work to run after the reset", func() bool {
 		return !testenv.Alive(w2.Children[0])
+	})
+}
+
+// freezeInKernel freezes pid in a cgroup of the v1 freezer of its own: a
+// frozen task sleeps in D state and acts on no signal, SIGKILL included,
+// until it is thawed, which cleanup does (the cgroup is removed after).
+func freezeInKernel(t *testing.T, pid int) {
+	t.Helper()
+	rel := fmt.Sprintf("gpu-orphan-test-frozen-%d", pid)
+	testenv.IntoCgroup(t, testenv.CgroupV1, rel, pid)
+	state := filepath.Join(testenv.CgroupV1, rel, "freezer.state")
+	if _, err := os.Stat(state); err != nil {
+		t.Skipf("no v1 freezer at %s: %v", testenv.CgroupV1, err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(state, []byte("THAWED"), 0) })
+	if err := os.WriteFile(state, []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("PID %d to be frozen", pid), func() bool {
+		b, err := os.ReadFile(state)
+		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
 	})
 }

@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RecordedDescendants: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "recorded_descendants",
 			Help: "Processes seen descending from a GPU's owner, holding its GPU, while the owner lived: once it dies, the proof that they hold its context."}),
 		Escalations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "escalations_total",
-			Help: "Cleanups whose targets all exited while the memory stayed held, by the user whose dead process left it and by kind: hidden_holder (no process visible holds it) or unproven_holder (holders nothing proves inherited it). A human's case; never counted toward the circuit breaker."}, []string{"user", "kind"}),
+			Help: "Cleanups whose targets all exited while the memory stayed held, by the user whose dead process left it (for traced_holder, the tracer's user) and by kind: hidden_holder (no process visible holds it), unproven_holder (holders nothing proves inherited it) or traced_holder (a tracer that is not a target holds the targets in a tracing stop). A human's case; never counted toward the circuit breaker."}, []string{"user", "kind"}),
 	}
 	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
 		m.Notifications.WithLabelValues(r)
@@ -84,19 +84,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // CountEscalation counts an escalated action (Action.Escalation) once for
-// each user among its dead owners (UnknownUser without one), so that the
+// each of its users (Action.EscalationUsers: the tracers' users for
+// traced_holder, else its dead owners'), so that the
 // users whose jobs leave memory nobody can reclaim stand out, while the
 // breaker, which they cannot trip this way, keeps other users' cleanups
 // going.
 func (m *Metrics) CountEscalation(a Action) {
-	users := map[string]bool{}
-	for _, o := range a.DeadOwners {
-		users[o.UserLabel()] = true
-	}
-	if len(users) == 0 {
-		users[UnknownUser] = true
-	}
-	for u := range users {
+	for _, u := range a.EscalationUsers() {
 		m.Escalations.WithLabelValues(u, a.Escalation).Inc()
 	}
 }

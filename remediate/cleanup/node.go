@@ -60,10 +60,14 @@ type Config struct {
 	// its re-plans included, in place of decide.Decide under Decide and the
 	// whole-group rule: the epilog's job-end rule (remediate/jobend), whose
 	// targets are the ended job's processes and nothing else.
-	Planner  func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan
-	Recorder EventRecorder
-	Metrics  *remediate.Metrics
-	Logger   *slog.Logger
+	Planner func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan
+	// TracerRule, when set, makes a process that traces a target a target
+	// too when it says so, beyond what the node's plans of its GPUs
+	// target: the epilog's processes of the ended job that hold no GPU.
+	TracerRule TracerRule
+	Recorder   EventRecorder
+	Metrics    *remediate.Metrics
+	Logger     *slog.Logger
 }
 
 // Node cleans up GPUs of this node.
@@ -95,8 +99,9 @@ func (n *Node) Plan(ctx context.Context, gpuID string) decide.Plan {
 // PlanFrom decides on a snapshot the caller took from Snapshots, listing
 // the process groups of the targets for the whole-group rule.
 func (n *Node) PlanFrom(s *snapshot.Snapshot, gpuID string) decide.Plan {
+	snap := func() *snapshot.Snapshot { return s }
 	if n.cfg.Planner != nil {
-		return n.cfg.Planner(s, gpuID, time.Now())
+		return n.withTracers(n.cfg.Planner(s, gpuID, time.Now()), snap)
 	}
 	plan := decide.Decide(s, gpuID, n.cfg.Decide, time.Now())
 	groups := map[int]decide.Group{}
@@ -104,7 +109,7 @@ func (n *Node) PlanFrom(s *snapshot.Snapshot, gpuID string) decide.Plan {
 		members, err := n.cfg.Proc.GroupMembers(pgid)
 		groups[pgid] = decide.Group{Members: members, Err: err}
 	}
-	return plan.WithGroups(s, n.cfg.Decide, groups)
+	return n.withTracers(plan.WithGroups(s, n.cfg.Decide, groups), snap)
 }
 
 // Execute cleans up the GPU that a claimed action names (engine.Executor):
@@ -172,9 +177,13 @@ func retryable(skip decide.SkipReason, minAge time.Duration) (time.Duration, boo
 }
 
 // Act runs the kill ladder on the plan's targets and verifies that the
-// memory came back. The plan is recorded before the first signal.
+// memory came back. The plan is recorded before the first signal. A plan
+// made elsewhere (the epilog's) gets its targets' tracers named, and
+// those that are targets added, here.
 func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) remediate.Action {
 	a.State, a.Reason = remediate.StateRunning, ""
+	plan = n.withTracers(plan, func() *snapshot.Snapshot { return n.cfg.Snapshots.Refresh(ctx, true) })
+	a.Targets = plan.Targets
 	if err := n.record(ctx, a, "plan", plan); err != nil {
 		a.State, a.Reason = remediate.StateFailed, "refused to act: the plan could not be recorded: "+err.Error()
 		return a
@@ -268,13 +277,24 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		a.Reason = "memory did not come back within " + n.cfg.VerifyTimeout.String()
 		a.Leftover = n.leftovers(a, g)
 		a.NextStep = nextStep(a)
-		if targetsGone(a.Targets) {
+		switch {
+		case targetsGone(a.Targets):
 			// Every target exited: whatever keeps the memory is beyond
 			// what the remediator's signals can reach.
 			a.Escalation = escalation(a.Leftover)
 			if a.Escalation == remediate.EscalationHiddenHolder {
 				a.NextStep = hiddenHolderNextStep(a)
 			}
+		case heldByTracers(a.Targets):
+			// Every survivor is held in a tracing stop by a tracer that
+			// is not a target: the tracer's user's doing.
+			a.Escalation = remediate.EscalationTracedHolder
+			var who []string
+			for _, tr := range tracers(a.Targets) {
+				who = append(who, tr.Who())
+			}
+			a.Reason += "; the targets that outlived their signals are held in a tracing stop by their tracer: " + strings.Join(who, "; ")
+			a.NextStep = tracedNextStep(a)
 		}
 	}
 	if n.cfg.Metrics != nil {
@@ -286,8 +306,8 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 		}
 	}
 	if a.Escalation != "" {
-		n.cfg.Logger.Warn("Escalation: the targets are gone but the memory stays; not counted toward the circuit breaker",
-			"action", a.ID, "gpu", a.GPUUUID, "escalation", a.Escalation, "users", strings.Join(deadOwnerUsers(a), ","), "next_step", a.NextStep)
+		n.cfg.Logger.Warn("Escalation: the memory stays held where the remediator's signals cannot reach; not counted toward the circuit breaker",
+			"action", a.ID, "gpu", a.GPUUUID, "escalation", a.Escalation, "users", strings.Join(a.EscalationUsers(), ","), "next_step", a.NextStep)
 	}
 	detail := map[string]any{"state": a.State, "freed_bytes": a.FreedBytes, "seconds": a.VerifySeconds}
 	if a.Escalation != "" {
@@ -403,13 +423,20 @@ func (n *Node) verify(ctx context.Context, a remediate.Action) (*remediate.Memor
 // targetsGone reports whether every target has exited.
 func targetsGone(ts []remediate.Target) bool {
 	for _, t := range ts {
-		switch t.Outcome {
-		case kill.OutcomeExitedAfterSIGTERM, kill.OutcomeExitedAfterSIGKILL, kill.OutcomeGoneBeforeSignal, kill.OutcomeIdentityChanged:
-		default:
+		if !targetGone(t) {
 			return false
 		}
 	}
 	return true
+}
+
+// targetGone reports whether t has exited.
+func targetGone(t remediate.Target) bool {
+	switch t.Outcome {
+	case kill.OutcomeExitedAfterSIGTERM, kill.OutcomeExitedAfterSIGKILL, kill.OutcomeGoneBeforeSignal, kill.OutcomeIdentityChanged:
+		return true
+	}
+	return false
 }
 
 // othersHolding are the live processes that map the GPU's device node,
@@ -465,6 +492,10 @@ func (n *Node) otherHolders(a remediate.Action, g snapshot.GPU) []remediate.Left
 // target that still holds the GPU.
 const LeftoverOtherHolder = "other_holder"
 
+// LeftoverTraced is the Leftover kind of a target that outlived its
+// signals in a tracing stop, held by its tracer (Target.Tracer).
+const LeftoverTraced = "traced"
+
 func leftoverSummary(ls []remediate.Leftover) string {
 	var b strings.Builder
 	for i, l := range ls {
@@ -491,6 +522,11 @@ func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftove
 			continue
 		}
 		kind, detail := "alive", "survived SIGKILL"
+		if t.State == "t" && t.Tracer != nil {
+			out = append(out, remediate.Leftover{PID: t.PID, Kind: LeftoverTraced,
+				Detail: "held in a tracing stop by its tracer " + t.Tracer.Who() + " (ptrace): it finishes dying when the tracer lets it go or ends"})
+			continue
+		}
 		if p, err := n.cfg.Proc.Process(t.PID); err == nil {
 			switch {
 			case p.State == "D":

@@ -74,6 +74,12 @@ const (
 	// owner that is a target, or a process sharing its open files: it
 	// holds the owner's context, which would outlive the owner.
 	ReasonInheritorOfTarget remediate.TargetReason = "inheritor_of_target"
+	// ReasonTracerOfTarget: a process that traces a target with ptrace(2)
+	// and is itself a target: of the plan of another GPU of the node, or,
+	// for the epilog, a process of the ended job. Its tracee may not finish
+	// dying while it lives (package cleanup adds it; the plan's notes say
+	// what proves it).
+	ReasonTracerOfTarget remediate.TargetReason = "tracer_of_target"
 )
 
 // Config is what a decision needs besides the snapshot.

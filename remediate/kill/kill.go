@@ -302,12 +302,31 @@ func (l *Ladder) stillAlive(pfs procfs.FS, t *remediate.Target, err error) {
 			msg += "; in D state (uninterruptible sleep): SIGKILL takes effect when its kernel call returns"
 		case "Z":
 			msg += "; its main thread exited but other threads still run"
+		case "t":
+			msg += "; in a tracing stop"
+			if tr := l.tracer(t); tr != nil {
+				t.Tracer = tr
+				msg += " by its tracer " + tr.Who() + " (ptrace), which holds it at its exit or at the signal: it ends when the tracer lets it go or ends"
+			}
 		default:
 			msg += "; state " + st.State
 		}
 	}
 	t.Error = msg
 	l.logger().Warn("Target outlived the kill ladder", "pid", t.PID, "comm", t.Comm, "err", msg)
+}
+
+// tracer names the tracer of t, a target that outlived the ladder in a
+// tracing stop; a tracer the plan had named keeps its Target mark.
+func (l *Ladder) tracer(t *remediate.Target) *remediate.Tracer {
+	if l.Proc.Root() == "" {
+		return nil
+	}
+	tr, _, _ := TracerOf(l.Proc, t.PID, t.StartTime)
+	if tr != nil && t.Tracer != nil && t.Tracer.PID == tr.PID && t.Tracer.StartTime == tr.StartTime {
+		tr.Target = t.Tracer.Target
+	}
+	return tr
 }
 
 // signal sends sig through the run's pidfd and records it.
