@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes control plane of the real-API tests (make
+# e2e-kubernetes, internal/testenv/kubereal): kube-apiserver from the
+# k8s.io/kubernetes module at the version of the client-go that gpu-orphan
+# links (go.mod: client-go v0.MM.P is Kubernetes v1.MM.P), and etcd from the
+# etcd server module that it links, started by its embed package
+# (scripts/kube-etcd/main.go). Into TOOLS/kubernetes-VERSION, once (about
+# 8 minutes on 2 cores with the module download), then nothing. Prints that
+# directory.
+#
+# `go install k8s.io/kubernetes/cmd/kube-apiserver@VERSION` cannot work: the
+# module's go.mod replaces its staging modules (k8s.io/api, client-go,
+# apiserver, ...) with ./staging/src/k8s.io/... directories that its module
+# archive does not contain. So it is built in a copy of the module whose
+# go.mod replaces each of them with the published k8s.io/* module of the
+# same release (v0.MM.P); the two that are not published (sample-cli-plugin
+# and sample-controller, which kube-apiserver does not import) are dropped.
+# Nothing of this reaches gpu-orphan's binaries: the copy is a module of its
+# own, outside the repository.
+#
+# Usage: scripts/kube-tools.sh TOOLS_DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+GO=${GO:-go}
+tools=$1
+mkdir -p "$tools"
+tools=$(cd "$tools" && pwd)
+mkdir -p "$tools"
+client=$("$GO" list -m -f '{{.Version}}' k8s.io/client-go)
+staging=${client%%-*}           # v0.37.2
+version=v1.${staging#v0.}       # v1.37.2
+bin=$tools/kubernetes-$version
+if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ]; then
+  echo "$bin"
+  exit 0
+fi
+mkdir -p "$bin" "$tools/src"
+echo "tools: building kube-apiserver $version and its etcd from their modules into $bin, once (about 8 minutes)" >&2
+copy=$tools/src/kubernetes-$version
+if [ ! -d "$copy" ]; then
+  dir=$(GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  rm -rf "$copy.tmp"
+  cp -r "$dir" "$copy.tmp"
+  chmod -R u+w "$copy.tmp"
+  (
+    cd "$copy.tmp"
+    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/.*#\1#p' go.mod); do
+      # Outside the copy: its go.mod, until fixed, names missing directories.
+      if (cd / && GOFLAGS=-mod=mod "$GO" mod download "$m@$staging" 2>/dev/null); then
+        "$GO" mod edit -replace "$m=$m@$staging"
+      else
+        "$GO" mod edit -dropreplace "$m" -droprequire "$m"
+      fi
+    done
+  )
+  mv "$copy.tmp" "$copy"
+fi
+mkdir -p "$copy/cmd/gpu-orphan-etcd"
+cp "$repo/scripts/kube-etcd/main.go" "$copy/cmd/gpu-orphan-etcd/main.go"
+(
+  cd "$copy"
+  export GOWORK=off GOFLAGS=-mod=mod
+  "$GO" build -o "$bin/kube-apiserver" ./cmd/kube-apiserver
+  "$GO" build -o "$bin/etcd" ./cmd/gpu-orphan-etcd/main.go
+)
+echo "$bin"
