@@ -131,6 +131,9 @@ type Kubernetes struct {
 	Kubeconfig string
 	// SyncTimeout bounds the first list at start-up.
 	SyncTimeout time.Duration
+	// DaemonSet is the agents' DaemonSet: an endpoint is an agent only if
+	// it names a pod of it on its node; empty means Service's name.
+	DaemonSet string
 	// Lease, when set, is the Lease in Namespace where the dispatcher
 	// replicas keep the fleet limit's window together (package
 	// dispatch/lease); it needs no Service.
