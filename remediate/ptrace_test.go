@@ -28,6 +28,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
 // traceEnv makes this test binary the tracer of traceMain instead of
@@ -306,4 +307,95 @@ func TestPtraceTracerProvenTarget(t *testing.T) {
 	wantDead(t, "GPU 1's worker", one.Children...)
 	wantUsedMiB(t, root, 1, 0)
 	wantAlive(t, "GPU 2's worker, not this action's target", two.Children...)
+}
+
+// epilogTraced runs `gpu-orphan epilog --drain` for job, whose only worker
+// (on GPU 1, of cred's user, its trainer killed) is traced by a tracer of
+// the same user, in the job's cgroup when tracerInJob. It returns the
+// exit status, the output, whether scontrol was run, the epilog's actions,
+// the worker and the tracer.
+func epilogTraced(t *testing.T, tracerInJob bool) (code int, out string, drained bool, as []remediate.Action, worker, tracer int, cred *syscall.Credential) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("the epilog runs as root, as slurmd runs it")
+	}
+	cred = testenv.UnprivilegedUser(t)
+	root := testenv.SimNode(t, 2)
+	openNodeToUsers(t, root)
+	bin := sharedBin(t)
+	job := testenv.SlurmJobID()
+	cgroup := fmt.Sprintf("slurm/uid_%d/job_%s/step_batch", cred.Uid, job)
+	w := startWorkloadAs(t, bin, cred, root, 1, 1024, 1)
+	worker = w.Children[0]
+	testenv.IntoCgroup(t, testenv.CgroupV1, cgroup, worker)
+	w.KillParent(t)
+	tracer = startTracer(t, bin, cred, 0, worker)
+	if tracerInJob {
+		testenv.IntoCgroup(t, testenv.CgroupV1, cgroup, tracer)
+	}
+
+	dir := t.TempDir()
+	scontrol, argsFile := filepath.Join(dir, "scontrol"), filepath.Join(dir, "args")
+	testenv.WriteExecutable(t, scontrol, []byte("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > "+argsFile+"\n"))
+	db := filepath.Join(dir, "remediator.db")
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan"), "--backend=sim", "--sim.root="+root, "epilog", "--store.path="+db,
+		"--grace=1s", "--verify-timeout=2s", "--drain", "--slurm.scontrol="+scontrol, "--log.syslog-socket=")
+	cmd.Env = []string{"SLURM_JOB_ID=" + job, fmt.Sprintf("SLURM_JOB_UID=%d", cred.Uid), "SLURM_JOB_GPUS=1", "SLURMD_NODENAME=gpu-7"}
+	b, err := cmd.CombinedOutput()
+	code, out = testenv.ExitCode(t, err), string(b)
+	t.Logf("epilog: exit %d: %s", code, strings.TrimSpace(out))
+	_, err = os.Stat(argsFile)
+	drained = err == nil
+	st, err := store.OpenReadOnly(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if as, err = st.Actions(t.Context(), store.Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	return code, out, drained, as, worker, tracer, cred
+}
+
+// TestPtraceEpilogNoDrain: the job's worker is traced by its user's
+// tracer outside the job, which holds it at the signal or its exit. The
+// epilog with --drain signals the worker, names the tracer in the record
+// (escalation traced_holder), says whose the hold is, and neither drains
+// the node nor fails (Slurm drains on any status but 0). (The old code
+// exited 1 and drained the node: the user's will.)
+func TestPtraceEpilogNoDrain(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	code, out, drained, as, worker, tracer, cred := epilogTraced(t, false)
+	if code != 0 || drained || !strings.Contains(out, "not drained") || !strings.Contains(out, "PID "+strconv.Itoa(tracer)) {
+		t.Errorf("epilog: exit %d, drained %v, output %q; want 0, not drained, naming tracer %d", code, drained, out, tracer)
+	}
+	if strings.ContainsRune(out, 0x1b) {
+		t.Errorf("the tracer's comm reached the line raw: %q", out)
+	}
+	if len(as) != 1 || as[0].State != remediate.StateFailed || as[0].Escalation != remediate.EscalationTracedHolder {
+		t.Fatalf("actions %+v, want one, failed, traced_holder", as)
+	}
+	wantTracer(t, "the epilog's record", as[0].Targets, worker, tracer, cred, false)
+	wantAlive(t, "the tracer, outside the job", tracer)
+}
+
+// TestPtraceEpilogTracerInJob: the tracer is in the ended job's cgroup:
+// the epilog signals it too (tracer_of_target), the worker dies, the
+// memory comes back, and the epilog exits 0. (The old code signalled the
+// worker alone, which the tracer held: exit 1, and the node drained.)
+func TestPtraceEpilogTracerInJob(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	code, out, drained, as, worker, tracer, cred := epilogTraced(t, true)
+	if code != 0 || drained || strings.Contains(out, "not drained") {
+		t.Errorf("epilog: exit %d, drained %v, output %q; want 0, clean", code, drained, out)
+	}
+	if len(as) != 1 || as[0].State != remediate.StateSucceeded {
+		t.Fatalf("actions %+v, want one, succeeded", as)
+	}
+	wantTargets(t, as[0], worker, tracer)
+	wantTracer(t, "the epilog's record", as[0].Targets, worker, tracer, cred, true)
+	testenv.WaitGone(t, worker)
+	wantDead(t, "the tracer, in the job's cgroup", tracer)
 }

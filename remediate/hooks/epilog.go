@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/cli"
+	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
@@ -48,6 +49,14 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 		Planner: func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan {
 			return jobend.Plan(s, gpuID, h.job, h.cfg, now)
 		},
+		// A tracer of the job's processes that is in the job's cgroup is
+		// the job's to end too (its end lets its tracees die).
+		TracerRule: func(_ *snapshot.Snapshot, p proc.Process, _ time.Time) string {
+			if p.SlurmJob != h.job.ID {
+				return ""
+			}
+			return "a process of job " + h.job.ID + " (cgroup " + p.Cgroup + ")"
+		},
 		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.VerifyTimeout,
 		Recorder: h.recorder(), Logger: h.nodeLogger(),
 	})
@@ -75,7 +84,8 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 				return h.finish("", []problem{{short: fmt.Sprintf("job %s's processes hold GPU %d, and nothing was signalled", h.job.ID, plan.GPUIndex), detail: err.Error()}})
 			}
 		}
-		if len(problems) > 0 {
+		// A target held by its tracer would only be signalled again.
+		if len(problems) > 0 || len(h.tracedTargets()) > 0 {
 			break
 		}
 		s = h.loop.Refresh(ctx, true)

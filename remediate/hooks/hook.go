@@ -489,6 +489,10 @@ type problem struct {
 	// uuid and index name that GPU.
 	uuid  string
 	index int
+	// traced: what holds the memory is targets of this run held in a
+	// tracing stop by a tracer that is not a target (escalation
+	// traced_holder): its user's doing, which does not drain the node.
+	traced bool
 }
 
 // unowned is the problem of a GPU whose memory with no live owner stays
@@ -538,7 +542,9 @@ func (h *hook) check(ctx context.Context, uuids []string, jobToo bool, settle ti
 				}
 				ps = append(ps, problem{short: fmt.Sprintf("GPU %d cannot be checked", g.Device.Index), detail: why})
 			case g.UnexplainedBytes > h.o.MinBytes:
-				ps = append(ps, unowned(g, s.Taken))
+				p := unowned(g, s.Taken)
+				p.traced = h.heldByTracers(g)
+				ps = append(ps, p)
 			}
 		}
 		if !s.Healthy() && len(ps) == 0 {
@@ -561,7 +567,10 @@ func (h *hook) jobLeft(s *snapshot.Snapshot) []problem {
 		for _, hd := range g.Holders {
 			if r, _, _ := jobend.Member(g, hd.Process, h.job); r != "" {
 				state := ""
+				tr, traced := h.tracedTargets()[hd.PID]
 				switch {
+				case traced:
+					state = ", held in a tracing stop by its tracer " + tr.Who() + ", which is not the job's: the hold is the tracer's user's (escalation traced_holder)"
 				case hd.State == "D":
 					state = ", in uninterruptible sleep (D): it dies only when its kernel call returns"
 				case h.cfg.Rules().Why(hd.Process) != "":
@@ -570,6 +579,7 @@ func (h *hook) jobLeft(s *snapshot.Snapshot) []problem {
 				ps = append(ps, problem{
 					short:  fmt.Sprintf("PID %d of job %s still holds GPU %d", hd.PID, h.job.ID, g.Device.Index),
 					detail: fmt.Sprintf("%s, %s%s", hd.Comm, r, state),
+					traced: traced,
 				})
 			}
 		}
@@ -577,12 +587,50 @@ func (h *hook) jobLeft(s *snapshot.Snapshot) []problem {
 	return ps
 }
 
+// tracedTargets are the targets of this run's actions that escalated as
+// traced_holder and outlived their signals, by PID, with their tracers.
+func (h *hook) tracedTargets() map[int]remediate.Tracer {
+	out := map[int]remediate.Tracer{}
+	for _, a := range h.actions {
+		if a.Escalation != remediate.EscalationTracedHolder {
+			continue
+		}
+		for _, t := range a.Targets {
+			if t.Tracer != nil && t.Outcome == kill.OutcomeStillAlive {
+				out[t.PID] = *t.Tracer
+			}
+		}
+	}
+	return out
+}
+
+// heldByTracers reports whether the processes that hold g's memory (map
+// it, in no live job) are all targets held by their tracers.
+func (h *hook) heldByTracers(g snapshot.GPU) bool {
+	traced := h.tracedTargets()
+	held := false
+	for _, hd := range g.Holders {
+		if !hd.Mapped || len(hd.LiveJobGPUs) > 0 {
+			continue
+		}
+		if _, ok := traced[hd.PID]; !ok {
+			return false
+		}
+		held = true
+	}
+	return held
+}
+
 // finish says how it ended, in one line on stderr and to syslog, drains
 // the node when asked and the GPUs are not clean, records that, and
-// returns the exit status.
+// returns the exit status. When every problem is a hold of a tracer that
+// is not a target, it neither drains nor fails: any user may trace their
+// own processes, and must not drain the node at will (the record says
+// whose the hold is).
 func (h *hook) finish(ok string, problems []problem) int {
 	line := fmt.Sprintf("job %s: %s", h.job.ID, ok)
 	status := ExitClean
+	traced := len(problems) > 0 && !slices.ContainsFunc(problems, func(p problem) bool { return !p.traced })
 	if len(problems) > 0 {
 		status = ExitHeld
 		var parts []string
@@ -601,7 +649,10 @@ func (h *hook) finish(ok string, problems []problem) int {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		h.recordFailure(ctx, line, problems)
-		if h.o.Drain {
+		if traced {
+			status = ExitClean
+			line += "; not drained: the job's processes that hold it are held by a tracer that is not the job's, whose user must end it (escalation traced_holder)"
+		} else if h.o.Drain {
 			if err := h.drainNode(ctx, reason); err != nil {
 				line += "; not drained: " + err.Error()
 			} else {
@@ -616,7 +667,7 @@ func (h *hook) finish(ok string, problems []problem) int {
 	// log.
 	line = termsafe.Escape(line)
 	fmt.Fprintf(h.stderr, "gpu-orphan %s: %s\n", h.name, line)
-	h.syslog(status == ExitClean, line)
+	h.syslog(len(problems) == 0, line)
 	return status
 }
 
