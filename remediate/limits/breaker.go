@@ -33,8 +33,9 @@ type BreakerState struct {
 // will not help, so once open it stays open until a human calls Reset: it
 // never closes by itself. The node Limiter and the Fleet each hold one.
 // Only failures of the remediator's own doing count: memory that a
-// holder nobody can see keeps after every target exited is an escalation
-// (Escalated), which any user could cause at will, and it must not switch
+// holder nobody can see keeps after every target exited, or a tracer
+// holds its targets at their exit, is an escalation (Escalated), which
+// any user could cause at will, and it must not switch
 // remediation off for everyone.
 //
 // A Breaker is safe for concurrent use.

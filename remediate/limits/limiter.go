@@ -91,7 +91,10 @@ const (
 	// Escalated: signals were sent and every target is gone, yet the
 	// memory did not come back: something the remediator cannot see or
 	// prove keeps it (a descriptor in flight in a UNIX socket, another
-	// PID namespace, a holder without proof). Like Failed it starts the
+	// PID namespace, a holder without proof); or every target that
+	// outlived its signals is held in a tracing stop by a tracer that is
+	// not a target (ptrace, which any user may use on their own
+	// processes). Like Failed it starts the
 	// cooldown and takes the token, but it never counts toward the
 	// breaker: any user can make one, and the breaker would then stop
 	// every other user's cleanups.
