@@ -8,10 +8,12 @@
 // read (its managed-by label, and the Service as their controlling owner),
 // and only endpoints that point at a Pod of the Service's namespace: a
 // slice that someone wrote by hand, or mirrored from an Endpoints object,
-// names no agent. Which pods those are is the Service's selector's doing:
-// the dispatcher's RBAC (EndpointSlices only) does not let it read the
-// pods, so that whoever can create pods matching the selector in the
-// namespace, or write EndpointSlices there, can be taken for an agent.
+// names no agent. Labels and owner references can be copied by whoever
+// may write EndpointSlices, so each endpoint is also checked against the
+// pod it names (issue 24): the pod exists (with the targetRef's UID, when
+// it has one), its controller is the agents' DaemonSet (by name and UID),
+// it runs on the endpoint's node, at the endpoint's address, and serves
+// the endpoint's port. That needs RBAC get on pods and on the DaemonSet.
 package discovery
 
 import (
@@ -31,6 +33,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,6 +70,11 @@ type Config struct {
 	// Kubeconfig is a kubeconfig file, for running outside a cluster;
 	// empty means the in-cluster configuration.
 	Kubeconfig string
+	// DaemonSet is the agents' DaemonSet in Namespace: an endpoint is an
+	// agent only if it names a pod that this DaemonSet controls, on the
+	// endpoint's node, at its address and port. Empty means Service's
+	// name (the chart names both alike).
+	DaemonSet string
 	// SyncTimeout bounds the wait for the first list at Start.
 	SyncTimeout time.Duration
 	// Registerer gets the gauge of discovered agents; nil registers none.
@@ -89,7 +97,24 @@ type Kubernetes struct {
 	rebuildMu sync.Mutex
 	// warned is what the last rebuild ignored, and logged; under rebuildMu.
 	warned map[string]bool
+	// client reads the pods and the DaemonSet; set by Start.
+	client kubernetes.Interface
+	// checked holds each endpoint's check against its pod, by the
+	// endpoint as its slice's version states it: "" for an agent, else
+	// why not. Under rebuildMu; what the last rebuild did not see goes.
+	checked map[string]string
+	// podErr is the last error reading a pod or the DaemonSet that was
+	// not a 404: a Forbidden one ends Start.
+	podErr atomic.Pointer[error]
+	// list is the informer's slices, for the rebuild that retries the
+	// checks the API server could not answer (retry, under rebuildMu).
+	list  func() []any
+	retry *time.Timer
 }
+
+// retryCheck is how soon the endpoints whose pods could not be read are
+// checked again.
+const retryCheck = 5 * time.Second
 
 // agent is the agent that discovery picked for one node.
 type agent struct {
@@ -113,6 +138,9 @@ func New(cfg Config) (*Kubernetes, error) {
 	}
 	if cfg.SyncTimeout <= 0 {
 		cfg.SyncTimeout = 30 * time.Second
+	}
+	if cfg.DaemonSet == "" {
+		cfg.DaemonSet = cfg.Service
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -204,6 +232,13 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("kubernetes discovery: %w", err)
 	}
+	// The pods are read one by one (RBAC get, no list): at the first sync,
+	// one per node.
+	rc := rest.CopyConfig(k.restConfig)
+	rc.QPS, rc.Burst = 100, 200
+	if k.client, err = kubernetes.NewForConfig(rc); err != nil {
+		return fmt.Errorf("kubernetes discovery: %w", err)
+	}
 	selector := discoveryv1.LabelServiceName + "=" + k.cfg.Service
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(k.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
@@ -228,6 +263,7 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	}
 	// Every change recomputes the agents from all the slices: a node's
 	// endpoints may be spread over several.
+	k.list = informer.GetStore().List
 	changed := func(any) { k.rebuild(informer.GetStore().List()) }
 	handler, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
@@ -281,6 +317,10 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	// The handler has seen every listed slice; this rebuild also covers an
 	// empty list, which calls no handler.
 	k.rebuild(informer.GetStore().List())
+	if p := k.podErr.Load(); p != nil && (apierrors.IsForbidden(*p) || apierrors.IsUnauthorized(*p)) {
+		return fmt.Errorf("kubernetes discovery: reading the pods that the agents' endpoints name is forbidden: the dispatcher's service account needs RBAC verb get on pods and on daemonsets (API group apps) in namespace %s: %w",
+			k.cfg.Namespace, *p)
+	}
 	k.cfg.Logger.Info("Kubernetes discovery synced", "namespace", k.cfg.Namespace, "service", k.cfg.Service, "agents", len(*k.agents.Load()))
 	return nil
 }
@@ -307,14 +347,38 @@ func (k *Kubernetes) rebuild(objs []any) {
 	// What is ignored is logged once per version of its slice, not on
 	// every change of another.
 	warned := map[string]bool{}
+	checked, retry := map[string]string{}, false
+	var ds *appsv1.DaemonSet // read once per rebuild, when an endpoint needs it
 	next := pickAgents(eps, k.cfg.Service, k.cfg.PortName, k.cfg.Scheme, k.cfg.Logger, func(s *discoveryv1.EndpointSlice, msg string, args ...any) {
 		key := s.Namespace + "/" + s.Name + "@" + s.ResourceVersion + ": " + fmt.Sprint(args...)
 		warned[key] = true
 		if !k.warned[key] {
 			k.cfg.Logger.Warn(msg, args...)
 		}
+	}, func(s *discoveryv1.EndpointSlice, e discoveryv1.Endpoint, port int32) string {
+		key := fmt.Sprintf("%s/%s@%s %s %s %s %s:%d", s.Namespace, s.Name, s.ResourceVersion, e.TargetRef.Name, e.TargetRef.UID, *e.NodeName, e.Addresses[0], port)
+		why, ok := k.checked[key]
+		if !ok {
+			var transient bool
+			if why, transient = k.checkPod(&ds, e, port); transient {
+				// Not remembered: checked again at the next rebuild,
+				// which comes soon.
+				retry = true
+				return why
+			}
+		}
+		checked[key] = why
+		return why
 	})
-	k.warned = warned
+	k.warned, k.checked = warned, checked
+	if retry && k.list != nil && k.retry == nil {
+		k.retry = time.AfterFunc(retryCheck, func() {
+			k.rebuildMu.Lock()
+			k.retry = nil
+			k.rebuildMu.Unlock()
+			k.rebuild(k.list())
+		})
+	}
 	prev := *k.agents.Load()
 	var added, removed, changed []string
 	for node, a := range next {
@@ -345,16 +409,77 @@ func (k *Kubernetes) rebuild(objs []any) {
 	}
 }
 
+// checkPod says why endpoint e, at port, is not an agent, or "" when it
+// is: the pod that its targetRef names exists (with the targetRef's UID
+// when it has one), is controlled by the agents' DaemonSet, runs on the
+// endpoint's node, has the endpoint's address and serves port. *ds is the
+// DaemonSet, read at the first call that needs it. transient is true when
+// the API server could not say (an error other than 404).
+func (k *Kubernetes) checkPod(ds **appsv1.DaemonSet, e discoveryv1.Endpoint, port int32) (why string, transient bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	failed := func(what string, err error) (string, bool) {
+		if !apierrors.IsNotFound(err) {
+			k.podErr.Store(&err)
+			return what + ": " + err.Error(), true
+		}
+		return what + ": " + err.Error(), false
+	}
+	ref := e.TargetRef
+	pod, err := k.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return failed("reading pod "+ref.Namespace+"/"+ref.Name, err)
+	}
+	if ref.UID != "" && pod.UID != ref.UID {
+		return fmt.Sprintf("pod %s is another pod of that name (UID %s, the endpoint names %s)", pod.Name, pod.UID, ref.UID), false
+	}
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || owner.Kind != "DaemonSet" || owner.APIVersion != "apps/v1" || owner.Name != k.cfg.DaemonSet {
+		return fmt.Sprintf("pod %s is not a pod of DaemonSet %s", pod.Name, k.cfg.DaemonSet), false
+	}
+	if *ds == nil {
+		d, err := k.client.AppsV1().DaemonSets(k.cfg.Namespace).Get(ctx, k.cfg.DaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return failed("reading DaemonSet "+k.cfg.Namespace+"/"+k.cfg.DaemonSet, err)
+		}
+		*ds = d
+	}
+	if owner.UID != (*ds).UID {
+		return fmt.Sprintf("pod %s names DaemonSet %s with UID %s, not the DaemonSet's %s", pod.Name, k.cfg.DaemonSet, owner.UID, (*ds).UID), false
+	}
+	if pod.Spec.NodeName != *e.NodeName {
+		return fmt.Sprintf("pod %s runs on node %q, not on %q", pod.Name, pod.Spec.NodeName, *e.NodeName), false
+	}
+	addr := e.Addresses[0]
+	ips := []string{pod.Status.PodIP}
+	for _, ip := range pod.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	if !slices.Contains(ips, addr) {
+		return fmt.Sprintf("pod %s has no address %s (it has %s)", pod.Name, addr, strings.Join(slices.Compact(slices.Sorted(slices.Values(ips))), ", ")), false
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.ContainerPort == port {
+				return "", false
+			}
+		}
+	}
+	return fmt.Sprintf("pod %s serves no port %d", pod.Name, port), false
+}
+
 // pickAgents picks each node's agent from the slices: an endpoint that is
 // ready (or whose readiness is unknown, which the API says to take as
 // ready) on a node, pointing at a Pod, at the port named portName, in a
-// slice that the EndpointSlice controller made for service. A node with
-// several ready endpoints gets the lowest address, so that every
-// dispatcher replica picks the same one.
+// slice that the EndpointSlice controller made for service, and that
+// verify (when not nil) finds to be an agent's. A node with several ready
+// endpoints gets the lowest address, so that every dispatcher replica
+// picks the same one.
 // What it ignores it passes to ignore, with the slice, a message and
 // attributes for the log.
 func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme string, logger *slog.Logger,
-	ignore func(s *discoveryv1.EndpointSlice, msg string, args ...any)) map[string]agent {
+	ignore func(s *discoveryv1.EndpointSlice, msg string, args ...any),
+	verify func(s *discoveryv1.EndpointSlice, e discoveryv1.Endpoint, port int32) string) map[string]agent {
 	if ignore == nil {
 		ignore = func(*discoveryv1.EndpointSlice, string, ...any) {}
 	}
@@ -387,6 +512,13 @@ func pickAgents(eps []*discoveryv1.EndpointSlice, service, portName, scheme stri
 				ignore(s, "Ignoring an endpoint that points at no Pod of the agents' namespace", "slice", s.Namespace+"/"+s.Name,
 					"node", *e.NodeName, "address", e.Addresses[0], "target", targetString(r))
 				continue
+			}
+			if verify != nil {
+				if why := verify(s, e, port); why != "" {
+					ignore(s, "Ignoring an endpoint that is not a pod of the agents' DaemonSet on its node", "slice", s.Namespace+"/"+s.Name,
+						"node", *e.NodeName, "address", e.Addresses[0], "target", targetString(e.TargetRef), "why", why)
+					continue
+				}
 			}
 			node, addr := *e.NodeName, e.Addresses[0]
 			if !slices.Contains(candidates[node], addr) {

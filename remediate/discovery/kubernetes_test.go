@@ -80,7 +80,7 @@ func TestPickAgents(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := map[string]string{}
-			for node, a := range pickAgents(tc.slices, service, "remediator", tc.scheme, slog.New(slog.DiscardHandler), nil) {
+			for node, a := range pickAgents(tc.slices, service, "remediator", tc.scheme, slog.New(slog.DiscardHandler), nil, nil) {
 				got[node] = a.url
 			}
 			if !maps.Equal(got, tc.want) {
@@ -129,6 +129,9 @@ func TestWatchesSlices(t *testing.T) {
 	for _, watchList := range []bool{false, true} {
 		t.Run(map[bool]string{false: "list then watch", true: "streaming list"}[watchList], func(t *testing.T) {
 			api := kubeapi.Start(t, ns, kubeapi.WatchList(watchList))
+			ds := api.AddDaemonSet(service)
+			api.AddPod(kubeapi.AgentPod("agent-gpu-a", ds, "gpu-a", "10.0.0.5", "remediator", 10836))
+			api.AddPod(kubeapi.AgentPod("agent-gpu-b", ds, "gpu-b", "10.0.0.6", "remediator", 10836))
 			api.Apply(kubeapi.Slice("agents-a", service, "remediator", 10836, kubeapi.Endpoint("gpu-a", "10.0.0.5", ready)))
 			api.Apply(kubeapi.Slice("other", "some-other-service", "remediator", 10836, kubeapi.Endpoint("gpu-z", "10.0.0.99", ready)))
 			reg := prometheus.NewRegistry()

@@ -46,7 +46,11 @@ type Config struct {
 	// (package discovery). The targets win for the nodes they name: a
 	// human's entry is not overridden by what the cluster says.
 	Discovery AgentSource
-	// Token is sent as a bearer token to node agents.
+	// Token is the fleet's secret, the agents' token: each request to a
+	// node's agent is signed with the key it derives for that node
+	// (intake.SignFleetRequest). The token itself is never sent: whoever
+	// holds an agent's port learns nothing that works on another node,
+	// later, or twice.
 	Token  string
 	Client *http.Client
 	// Fleet holds the fleet's limits and breaker. Shared, when set,
@@ -134,7 +138,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		c := *d.cfg.Client
 		client = &c
 	}
-	// A redirect would send the token, and the alert, to a host that no
+	// A redirect would send the signed alert to a host that no
 	// allow-list vouches for: the 3xx is the answer, and a failure.
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	d.cfg.Client = client
@@ -322,7 +326,7 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		a.State, a.Reason = remediate.StateSkipped, "rejected: "+err.Error()
 		return a, 0
 	}
-	code, body, err := d.Forward(ctx, target, labels, "firing", a.AlertFingerprint, a.AlertStartsAt)
+	code, body, err := d.Forward(ctx, a.Node, target, labels, "firing", a.AlertFingerprint, a.AlertStartsAt)
 	if err == nil && code/100 == 2 {
 		d.forget(a.ID)
 		d.cfg.Fleet.Report(a.Node, limits.Succeeded)
@@ -350,23 +354,18 @@ func (d *Dispatcher) Execute(ctx context.Context, a remediate.Action) (remediate
 		return a, time.Duration(1<<min(n, 6)) * time.Second
 	}
 	d.forget(a.ID)
-	switch {
-	case retryable:
-		// The agent could not take the alert (its store is full, it is
-		// down): that node's trouble, which a user of that node can
-		// cause. It is counted against the node, and never holds the
-		// other nodes' alerts back.
-		times := d.cfg.Fleet.ReportUnavailable(a.Node)
-		d.cfg.Logger.Error("Forwarding failed for good: the node's agent is unavailable", "action", a.ID, "node", a.Node,
-			"attempts", n, "unavailable_within_breaker_window", times, "err", reason)
-	case d.Known(a.Node):
-		// Only an agent on the allow-list speaks for the fleet's health;
-		// a refusal (4xx, a redirect) is the dispatcher's configuration.
-		d.cfg.Fleet.Report(a.Node, limits.Failed)
-		d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
-	default:
-		d.cfg.Logger.Error("Forwarding failed for good", "action", a.ID, "node", a.Node, "attempts", n, "err", reason)
+	// Whatever answered (the agent with its store full, or refusing; a
+	// user's listener on the agent's port while the agent is down) or
+	// did not: that node's trouble, which a user of that node can cause.
+	// It is counted against the node, and never toward the fleet's
+	// breaker: it never holds the other nodes' alerts back.
+	times := d.cfg.Fleet.ReportUnavailable(a.Node)
+	what := "refused"
+	if retryable {
+		what = "unavailable"
 	}
+	d.cfg.Logger.Error("Forwarding failed for good: the node's agent is "+what, "action", a.ID, "node", a.Node,
+		"attempts", n, "unavailable_within_breaker_window", times, "err", reason)
 	a.State, a.Reason = remediate.StateFailed, reason
 	return a, 0
 }
@@ -417,7 +416,7 @@ func (d *Dispatcher) ForwardResolved(ctx context.Context, node string, labels ma
 	if err != nil {
 		return
 	}
-	if _, _, err := d.Forward(ctx, target, labels, "resolved", fingerprint, startsAt); err != nil {
+	if _, _, err := d.Forward(ctx, node, target, labels, "resolved", fingerprint, startsAt); err != nil {
 		d.cfg.Logger.Warn("Forwarding a resolved alert failed", "node", node, "err", err)
 	}
 }
@@ -425,8 +424,9 @@ func (d *Dispatcher) ForwardResolved(ctx context.Context, node string, labels ma
 // Forward posts a one-alert webhook payload (version 4) to a node agent,
 // with the alert's labels as received, keeping its fingerprint and
 // startsAt so the agent stays idempotent across dispatcher retries and
-// across dispatcher replicas.
-func (d *Dispatcher) Forward(ctx context.Context, target string, labels map[string]string, status, fingerprint string, startsAt time.Time) (int, string, error) {
+// across dispatcher replicas. The request is signed for node, whose agent
+// target is.
+func (d *Dispatcher) Forward(ctx context.Context, node, target string, labels map[string]string, status, fingerprint string, startsAt time.Time) (int, string, error) {
 	alert := amtemplate.Alert{
 		Status:      status,
 		Labels:      amtemplate.KV(labels),
@@ -450,8 +450,8 @@ func (d *Dispatcher) Forward(ctx context.Context, target string, labels map[stri
 		return 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if d.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+d.cfg.Token)
+	if err := d.sign(req, body, node); err != nil {
+		return 0, "", err
 	}
 	resp, err := d.cfg.Client.Do(req)
 	if err != nil {
@@ -460,4 +460,14 @@ func (d *Dispatcher) Forward(ctx context.Context, target string, labels map[stri
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	return resp.StatusCode, string(b), nil
+}
+
+// sign signs req, whose body is body, for node's agent with the fleet's
+// secret; without a secret (agents that take client certificates, or
+// none) it sends no credential.
+func (d *Dispatcher) sign(req *http.Request, body []byte, node string) error {
+	if d.cfg.Token == "" {
+		return nil
+	}
+	return intake.SignFleetRequest(req, body, d.cfg.Token, node, time.Now())
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,8 +41,8 @@ func newDispatcher(t *testing.T, cfg Config) *Dispatcher {
 }
 
 // TestExecuteForwards: a firing alert goes to its node's agent as a
-// one-alert webhook payload, with the alert's fingerprint and startsAt and
-// the bearer token, and the action succeeds on a 2xx.
+// one-alert webhook payload, with the alert's fingerprint and startsAt,
+// signed for the node (never the token), and the action succeeds on a 2xx.
 func TestExecuteForwards(t *testing.T) {
 	var got intake.Message
 	var auth string
@@ -61,8 +62,8 @@ func TestExecuteForwards(t *testing.T) {
 	if a.State != remediate.StateSucceeded || retry != 0 || a.Source != "dispatch" {
 		t.Fatalf("action %s (%s), retry %v", a.State, a.Reason, retry)
 	}
-	if auth != "Bearer 0123456789abcdef" {
-		t.Errorf("Authorization %q", auth)
+	if !signedFor(auth, "gpu-a") {
+		t.Errorf("Authorization %q, want signed for gpu-a", auth)
 	}
 	if got.Data == nil || len(got.Alerts) != 1 || got.Alerts[0].Fingerprint != "fp1" || !got.Alerts[0].StartsAt.Equal(startsAt) ||
 		got.Alerts[0].Labels["node"] != "gpu-a" || got.Alerts[0].Labels["uuid"] != "GPU-1" || got.Alerts[0].Status != "firing" {
@@ -308,9 +309,10 @@ func closedURL(t *testing.T) string {
 // node's disk and its agent answered 503; through the dispatcher, three
 // such answers opened the fleet breaker, and a healthy node's alert was
 // held back. An agent's 5xx, and an agent that cannot be reached, now
-// count against its node: the healthy node's alert is forwarded, with the
-// token, and the breaker stays closed. A refusal (401) still counts toward
-// the fleet breaker.
+// count against its node: the healthy node's alert is forwarded, signed,
+// and the breaker stays closed. Since issue 24 a refusal (401: a user's
+// listener on the port of a node whose agent is down) counts against its
+// node too, never toward the fleet breaker.
 func TestUnavailableAgentsNotTheFleetBreaker(t *testing.T) {
 	full, healthy, refusing := newCountingAgent(t, http.StatusServiceUnavailable), newCountingAgent(t, http.StatusOK), newCountingAgent(t, http.StatusUnauthorized)
 	d := newDispatcher(t, Config{Token: "0123456789abcdef", MaxAttempts: 2, Targets: map[string]string{
@@ -343,7 +345,7 @@ func TestUnavailableAgentsNotTheFleetBreaker(t *testing.T) {
 	if a := execute("gpu-ok"); a.State != remediate.StateSucceeded {
 		t.Fatalf("the healthy node's alert: %s (%s), want forwarded", a.State, a.Reason)
 	}
-	if reqs, auths := healthy.requests(); len(reqs) != 1 || reqs[0] != "POST /api/v1/alerts" || auths[0] != "Bearer 0123456789abcdef" {
+	if reqs, auths := healthy.requests(); len(reqs) != 1 || reqs[0] != "POST /api/v1/alerts" || !signedFor(auths[0], "gpu-ok") {
 		t.Errorf("the healthy node's agent got %v %v", reqs, auths)
 	}
 	if got := d.cfg.Fleet.State().Unavailable; got["gpu-full"] != 3 || got["gpu-down"] != 3 {
@@ -354,8 +356,11 @@ func TestUnavailableAgentsNotTheFleetBreaker(t *testing.T) {
 			t.Fatalf("401: %s", a.State)
 		}
 	}
-	if !d.cfg.Fleet.BreakerOpen() {
-		t.Error("3 refusals (401) did not open the fleet breaker")
+	if d.cfg.Fleet.BreakerOpen() {
+		t.Error("3 refusals (401) by one node opened the fleet breaker")
+	}
+	if got := d.cfg.Fleet.State().Unavailable; got["gpu-refusing"] != 3 {
+		t.Errorf("refusals counted against the node: %v, want 3", got)
 	}
 }
 
@@ -410,4 +415,13 @@ func TestNoisyNodeThroughTheDispatcher(t *testing.T) {
 	if reqs, _ := noisy.requests(); len(reqs) != 9 {
 		t.Errorf("the noisy node's agent got %d alerts, want all 9", len(reqs))
 	}
+}
+
+// signedFor reports whether an Authorization header is the dispatcher's
+// signature for node, without the token.
+func signedFor(auth, node string) bool {
+	scheme, cred, _ := strings.Cut(auth, " ")
+	v, err := url.ParseQuery(cred)
+	return scheme == intake.FleetScheme && err == nil && v.Get("node") == node && len(v.Get("sig")) == 64 &&
+		!strings.Contains(auth, "0123456789abcdef")
 }

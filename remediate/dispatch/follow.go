@@ -133,7 +133,7 @@ func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) (_ remedia
 		d.cfg.Logger.Info("The node's agent moved; asking it at its current address", "action", a.ID, "node", a.Node, "from", agent.URL, "to", base)
 		agent.URL = base
 	}
-	got, err := d.agentAction(ctx, base, agent.ActionID)
+	got, err := d.agentAction(ctx, a.Node, base, agent.ActionID)
 	if err != nil {
 		agent.Error = err.Error()
 		return a, ""
@@ -147,15 +147,16 @@ func (d *Dispatcher) collect(ctx context.Context, a remediate.Action) (_ remedia
 	return a, ""
 }
 
-// agentAction reads one action of an agent: GET /api/v1/actions/{id}.
-func (d *Dispatcher) agentAction(ctx context.Context, base, id string) (remediate.Action, error) {
+// agentAction reads one action of node's agent: GET /api/v1/actions/{id},
+// signed for node.
+func (d *Dispatcher) agentAction(ctx context.Context, node, base, id string) (remediate.Action, error) {
 	var a remediate.Action
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/actions/"+url.PathEscape(id), nil)
 	if err != nil {
 		return a, err
 	}
-	if d.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+d.cfg.Token)
+	if err := d.sign(req, nil, node); err != nil {
+		return a, err
 	}
 	resp, err := d.cfg.Client.Do(req)
 	if err != nil {

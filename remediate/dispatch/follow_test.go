@@ -99,7 +99,7 @@ func TestFollowCollectsAgentResult(t *testing.T) {
 	// Running: asked, noted, still due.
 	d.FollowOnce(t.Context(), st)
 	got, _ := st.Action(t.Context(), id)
-	if got.Agent.State != remediate.StateRunning || f.gets != 1 || f.auth != "Bearer 0123456789abcdef" {
+	if got.Agent.State != remediate.StateRunning || f.gets != 1 || !signedFor(f.auth, "gpu-a") {
 		t.Fatalf("while running: agent %+v, %d gets, auth %q", got.Agent, f.gets, f.auth)
 	}
 
@@ -267,6 +267,9 @@ func TestFollowAsksTheNodesAgentNow(t *testing.T) {
 		return int32(n)
 	}
 	api := kubeapi.Start(t, ns)
+	// The agents' pods, which discovery checks each endpoint against.
+	ds := api.AddDaemonSet(service)
+	api.AddPod(kubeapi.AgentPod("agent-gpu-a", ds, "gpu-a", "127.0.0.1", "remediator", port(oldSrv)))
 	api.Apply(kubeapi.Slice("agents-1", service, "remediator", port(oldSrv), kubeapi.Endpoint("gpu-a", "127.0.0.1", nil)))
 	api.Apply(kubeapi.Slice("agents-2", service, "remediator", port(newSrv)))
 	k, err := discovery.New(discovery.Config{Service: service, Namespace: ns, PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t)})
@@ -281,6 +284,10 @@ func TestFollowAsksTheNodesAgentNow(t *testing.T) {
 	id := forwardAndStore(t, d, st, "gpu-a", "fp1")
 
 	// The pod is replaced; its old address is gpu-b's agent's now.
+	newA := kubeapi.AgentPod("agent-gpu-a", ds, "gpu-a", "127.0.0.1", "remediator", port(newSrv))
+	newA.UID = "uid-pod-agent-gpu-a-2"
+	api.AddPod(newA)
+	api.AddPod(kubeapi.AgentPod("agent-gpu-b", ds, "gpu-b", "127.0.0.1", "remediator", port(oldSrv)))
 	api.Apply(kubeapi.Slice("agents-1", service, "remediator", port(oldSrv), kubeapi.Endpoint("gpu-b", "127.0.0.1", nil)))
 	api.Apply(kubeapi.Slice("agents-2", service, "remediator", port(newSrv), kubeapi.Endpoint("gpu-a", "127.0.0.1", nil)))
 	testenv.Eventually(t, 10*time.Second, "discovery to see the new pods", func() bool {
@@ -295,8 +302,8 @@ func TestFollowAsksTheNodesAgentNow(t *testing.T) {
 	var gets int
 	var auth string
 	newPod.set(func(f *fakeAgent) { gets, auth = f.gets, f.auth })
-	if gets != 1 || auth != "Bearer 0123456789abcdef" {
-		t.Errorf("gpu-a's agent now was asked %d times (auth %q), want once with the token", gets, auth)
+	if gets != 1 || !signedFor(auth, "gpu-a") {
+		t.Errorf("gpu-a's agent now was asked %d times (auth %q), want once, signed for gpu-a", gets, auth)
 	}
 	got, _ := st.Action(t.Context(), id)
 	if got.Agent.URL != newSrv.URL || got.Agent.State != remediate.StateSucceeded {

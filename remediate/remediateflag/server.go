@@ -69,6 +69,10 @@ func (s *Server) Finish() error {
 		s.o.ExternalURL = u
 	}
 	s.o.Logger = promslog.New(s.log)
+	// A node agent admits the dispatcher's requests signed for its own
+	// name, with the key that its token derives for it; the dispatcher
+	// has no node name, and never sends the token to agents.
+	s.o.Auth.FleetNode = s.o.NodeName
 	if !s.storeSet {
 		// Not silently: a database under /var/lib is a surprise to whoever
 		// tried the binary by hand as root.

@@ -42,8 +42,15 @@ type agentListener struct {
 
 func newAgentListener(t *testing.T) *agentListener {
 	t.Helper()
+	a := newUnstartedAgentListener()
+	a.Start()
+	t.Cleanup(a.Close)
+	return a
+}
+
+func newUnstartedAgentListener() *agentListener {
 	a := &agentListener{}
-	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	a.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var msg intake.Message
 		if err := json.NewDecoder(r.Body).Decode(&msg); err != nil || msg.Data == nil || len(msg.Alerts) != 1 {
 			http.Error(w, "bad webhook", http.StatusBadRequest)
@@ -54,7 +61,6 @@ func newAgentListener(t *testing.T) *agentListener {
 		a.mu.Unlock()
 		_, _ = w.Write([]byte(`{"received":1}`))
 	}))
-	t.Cleanup(a.Close)
 	return a
 }
 
@@ -78,7 +84,16 @@ func (a *agentListener) port(t *testing.T) int32 {
 // (each listener has its own port, and a slice's ports are the slice's).
 func applyAgent(t *testing.T, api *kubeapi.Server, node string, a *agentListener, ready *bool) {
 	t.Helper()
+	addAgentPod(api, node, a.port(t))
 	api.Apply(kubeapi.Slice("agents-"+node, agentsService, "remediator", a.port(t), kubeapi.Endpoint(node, "127.0.0.1", ready)))
+}
+
+// addAgentPod adds the pod of the agents' DaemonSet (named as the Service,
+// the dispatcher's default) on node, at 127.0.0.1:port, that
+// kubeapi.Endpoint(node, "127.0.0.1", ...) names.
+func addAgentPod(api *kubeapi.Server, node string, port int32) {
+	ds := api.AddDaemonSet(agentsService)
+	api.AddPod(kubeapi.AgentPod("agent-"+node, ds, node, "127.0.0.1", "remediator", port))
 }
 
 // startDispatcher runs a dispatcher in this process with Kubernetes
@@ -227,6 +242,7 @@ func TestDiscoveredAgents(t *testing.T) {
 	wantNothing(t, nodeA, 1, "node-a's agent, after its slice was deleted")
 
 	// node-b's agent becomes ready in node-n's slice: MODIFIED.
+	addAgentPod(api, "node-b", nodeB.port(t))
 	api.Apply(kubeapi.Slice("agents-node-n", agentsService, "remediator", nodeB.port(t),
 		kubeapi.Endpoint("node-n", "127.0.0.1", ptr.To(false)), kubeapi.Endpoint("node-b", "127.0.0.1", ptr.To(true))))
 	testenv.Eventually(t, 10*time.Second, "node-b to be accepted", func() bool {

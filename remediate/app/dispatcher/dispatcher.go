@@ -73,7 +73,7 @@ func role(ctx context.Context, o app.Options, e Escalate, m *remediate.Metrics, 
 	if k := o.Dispatch.Kubernetes; k.Service != "" {
 		var err error
 		kube, err = discovery.New(discovery.Config{Service: k.Service, Namespace: k.Namespace, PortName: k.PortName, Scheme: k.Scheme,
-			Kubeconfig: k.Kubeconfig, SyncTimeout: k.SyncTimeout, Registerer: reg, Logger: logger})
+			Kubeconfig: k.Kubeconfig, SyncTimeout: k.SyncTimeout, DaemonSet: k.DaemonSet, Registerer: reg, Logger: logger})
 		if err != nil {
 			return nil, nil, err
 		}
