@@ -37,8 +37,9 @@ func run() int {
 	orphanBytes := cli.Bytes(app.Flag("orphan.threshold-bytes", "Memory with no live owner above this starts a GPU's age clock (gpu_orphan_unowned_memory_age_seconds). NVML charges about 8 MiB per live context to no process. Bytes, or a size with a unit: 256MiB, 1GiB.").Default("256MiB"))
 	statePath := app.Flag("state.path", "A file in which to keep, across restarts, who each GPU's owners were and which of their "+
 		"descendants held the GPU (the proof gpu_orphan_holder_info's reasons rest on). Without it, an exporter started after an "+
-		"owner died does not know who it was. Written 0600, its directory 0700; a corrupt state, or one from another boot, is "+
-		"reported and ignored.").PlaceHolder("FILE").String()
+		"owner died does not know who it was. Written 0600; its directory is made 0700 when missing, and must belong to the "+
+		"exporter's user and be writable by no one else, and the file is never followed if it is a symbolic link (either is "+
+		"refused at start); a corrupt state, or one from another boot, is reported and ignored.").PlaceHolder("FILE").String()
 	slurmDrain := app.Flag("collector.slurm-drain", "Report whether Slurm keeps this node drained because of gpu-orphan's prolog or epilog "+
 		"(gpu_orphan_slurm_node_drained, for the GPUOrphanNodeOutOfScheduling alert): asks sinfo, at most every --slurm.max-age.").Bool()
 	slurmNode := app.Flag("slurm.node", "This node's name in Slurm, for --collector.slurm-drain. Default: the host name.").PlaceHolder("NAME").String()
@@ -83,6 +84,16 @@ func run() int {
 		slurmRun = drain.Run
 		extra = append(extra, drain)
 		logger.Info("Reporting whether Slurm drained this node because of gpu-orphan", "node", name, "sinfo", sinfo, "max_age", *slurmMaxAge)
+	}
+
+	if *statePath != "" {
+		// A directory that another user can write, or a link at the
+		// file, would have root read or replace what that user chose.
+		if err := statefile.Check(*statePath); err != nil {
+			logger.Error("Cannot start", "err", err)
+			fmt.Fprintf(os.Stderr, "gpu-orphan-exporter: %v\n", err)
+			return cli.ExitFailure
+		}
 	}
 
 	node, err := backend.Open(logger)

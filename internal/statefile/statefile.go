@@ -1,27 +1,73 @@
 // Package statefile keeps a daemon's small state in one file across
 // restarts: written whole and renamed into place, so a crash leaves the old
 // state or the new one, never half of one; readable by its owner only.
+//
+// The file's directory must be the daemon's user's and writable by no one
+// else (internal/privdir), and the file is never followed if it is a
+// symbolic link: a daemon that runs as root would otherwise read, or
+// replace, whatever file a user's link names.
 package statefile
 
 import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/privdir"
 )
 
 // MaxBytes bounds a state file.
 const MaxBytes = 8 << 20
 
+// names are the words of the errors.
+var names = privdir.Names{Dir: "the state file's directory", File: "the state file", Writer: "the state file", Flag: "--state.path"}
+
+// Check makes the directory of the state at path (0700 when missing) and
+// checks it, and the file if there is one, as Load and Save will: for a
+// daemon to refuse to start, in one line, rather than fail at each save.
+func Check(path string) error {
+	dir, base, err := split(path)
+	if err != nil {
+		return err
+	}
+	d, err := privdir.Make(dir, names)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	f, err := d.OpenFile(base, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
 // Load reads the state at path. ok is false when there is none yet.
 func Load(path string) (data []byte, ok bool, err error) {
-	f, err := os.Open(path)
+	dir, base, err := split(path)
+	if err != nil {
+		return nil, false, err
+	}
+	d, err := privdir.Open(dir, names)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("reading the state file: %w", err)
+		return nil, false, err
+	}
+	defer d.Close()
+	f, err := d.OpenFile(base, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
 	}
 	defer f.Close()
 	data, err = io.ReadAll(io.LimitReader(f, MaxBytes+1))
@@ -35,17 +81,24 @@ func Load(path string) (data []byte, ok bool, err error) {
 }
 
 // Save replaces the state at path with data. The directory is created
-// 0700 when missing; the file is 0600 whatever the umask.
+// 0700 when missing; the file is 0600 whatever the umask. A link at path
+// is replaced, not followed.
 func Save(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("the state file's directory: %w", err)
+	dir, base, err := split(path)
+	if err != nil {
+		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	d, err := privdir.Make(dir, names)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	tmpName := fmt.Sprintf(".%s.%016x", base, rand.Uint64())
+	tmp, err := d.OpenFile(tmpName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("writing the state file: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // after the rename, a no-op
+	defer d.Remove(tmpName) // after the rename, a no-op
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
 		return fmt.Errorf("writing the state file: %w", err)
@@ -54,11 +107,24 @@ func Save(path string, data []byte) error {
 		tmp.Close()
 		return fmt.Errorf("writing the state file: %w", err)
 	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing the state file: %w", err)
+	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("writing the state file: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := d.Rename(tmpName, base); err != nil {
 		return fmt.Errorf("writing the state file: %w", err)
 	}
 	return nil
+}
+
+// split is path's directory and name.
+func split(path string) (dir, base string, err error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", "", fmt.Errorf("the state file %q: %w", path, err)
+	}
+	return filepath.Dir(abs), filepath.Base(abs), nil
 }
