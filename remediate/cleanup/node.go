@@ -240,14 +240,39 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 	after, g, verdict := n.verify(ctx, a)
 	// Holders the plan did not name: a worker's replacement forked on
 	// SIGTERM, a process that took the context since. Re-plan from a fresh
-	// snapshot, under the same rules, a bounded number of times.
-	for round := 1; verdict == verdictUnplanned && round <= maxReplans && ctx.Err() == nil; round++ {
-		extra, err := n.replan(ctx, a, round)
-		if err != nil || len(extra) == 0 {
+	// snapshot, under the same rules, a bounded number of times. A re-plan
+	// that finds them not yet provable (too young: their dead owner died
+	// during the action, or was seen dead late) looks again until
+	// VerifyTimeout after the first re-plan rather than giving up at once.
+	waitUntil := time.Now().Add(n.cfg.VerifyTimeout)
+	waited := false
+	for round := 1; verdict == verdictUnplanned && round <= maxReplans && ctx.Err() == nil; {
+		extra, young, err := n.replan(ctx, a, round, waited)
+		if err != nil {
 			break
+		}
+		if len(extra) == 0 {
+			if !young || time.Now().After(waitUntil) {
+				if waited {
+					// What was waited for may have ended by itself.
+					after, g, verdict = n.verify(ctx, a)
+				}
+				break
+			}
+			if !waited {
+				n.cfg.Logger.Info("Re-plan found holders too young to act on: looking again", "action", a.ID, "until", waitUntil)
+			}
+			waited = true
+			retry, _ := retryable(decide.SkipTooYoung, n.cfg.Decide.MinAge)
+			select {
+			case <-ctx.Done():
+			case <-time.After(min(retry, time.Until(waitUntil)+time.Millisecond)):
+			}
+			continue
 		}
 		a.Targets = append(a.Targets, ladder.Kill(ladderCtx, extra)...)
 		after, g, verdict = n.verify(ctx, a)
+		round++
 	}
 	now := time.Now()
 	a.After = after
@@ -347,14 +372,22 @@ const (
 const maxReplans = 3
 
 // replan decides again on a fresh snapshot and returns the targets that
-// the action has not signalled yet, recording the new plan.
-func (n *Node) replan(ctx context.Context, a remediate.Action, round int) ([]remediate.Target, error) {
+// the action has not signalled yet, recording the new plan, and whether
+// holders are left alone only for now, too young to act on. quiet leaves
+// a plan with nothing new unrecorded: a wait for too-young holders looks
+// again often.
+func (n *Node) replan(ctx context.Context, a remediate.Action, round int, quiet bool) ([]remediate.Target, bool, error) {
 	plan := n.Plan(ctx, a.GPUUUID)
 	var extra []remediate.Target
 	for _, t := range plan.Targets {
 		if !slices.ContainsFunc(a.Targets, func(d remediate.Target) bool { return d.PID == t.PID && d.StartTime == t.StartTime }) {
 			extra = append(extra, t)
 		}
+	}
+	young := plan.SkipReason == decide.SkipTooYoung ||
+		slices.ContainsFunc(plan.Excluded, func(e remediate.Exclusion) bool { return e.Why == decide.WhyDeadOwnerTooYoung })
+	if quiet && len(extra) == 0 {
+		return nil, young, nil
 	}
 	n.cfg.Logger.Info("Re-planned: holders the plan did not name remain", "action", a.ID, "round", round,
 		"new_targets", targetSummary(extra), "skip_reason", plan.SkipReason)
@@ -363,9 +396,9 @@ func (n *Node) replan(ctx context.Context, a remediate.Action, round int) ([]rem
 		detail["skip"] = plan.SkipText()
 	}
 	if err := n.record(ctx, a, "replan", detail); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return extra, nil
+	return extra, young, nil
 }
 
 func (n *Node) record(ctx context.Context, a remediate.Action, kind string, detail any) error {
