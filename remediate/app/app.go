@@ -161,7 +161,12 @@ func Run(ctx context.Context, o Options) error {
 	reg.MustRegister(versioncollector.NewCollector("gpu_orphan_remediator"), collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := remediate.NewMetrics(reg)
-	auth, err := intake.NewAuth(o.Auth, metrics, logger)
+	authConfig := o.Auth
+	// The pages' session cookies are this remediator's only; without
+	// authentication, requests are served under its own names only.
+	authConfig.Session = intake.SessionScope{Role: string(o.Role), Node: o.NodeName, Listeners: listenAddresses(o), ExternalURL: o.ExternalURL}
+	authConfig.Hosts = webHosts(o)
+	auth, err := intake.NewAuth(authConfig, metrics, logger)
 	if err != nil {
 		return err
 	}
@@ -263,7 +268,7 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 	if err != nil {
 		return err
 	}
-	uiConfig := ui.Config{Store: st, Breaker: r.Breaker, Role: string(o.Role), Logger: logger}
+	uiConfig := ui.Config{Store: st, Breaker: r.Breaker, Role: string(o.Role), SignedIn: auth.SignedIn, Logger: logger}
 	if o.Role == RoleNode {
 		uiConfig.Act, uiConfig.Policy = o.Act, o.Decide.Policy
 		if uiConfig.Policy == "" {
@@ -284,11 +289,16 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 	if err != nil {
 		return fmt.Errorf("--web.external-url: %w", err)
 	}
+	logout, err := auth.Logout(o.ExternalURL, uiConfig.Denied)
+	if err != nil {
+		return fmt.Errorf("--web.external-url: %w", err)
+	}
 	root := http.NewServeMux()
 	root.Handle("GET /actions", page)
 	root.Handle("GET /actions/{id}", page)
 	root.HandleFunc("GET /actions/{$}", ui.TrailingSlash)
 	root.Handle("POST /actions/login", login)
+	root.Handle("POST /actions/logout", logout)
 	root.Handle("/", router)
 
 	// Running cleanups get the grace period plus the verification time to
@@ -324,20 +334,27 @@ func serve(ctx context.Context, o Options, st *store.Store, r Wiring, auth *inta
 	return nil
 }
 
-// webHosts are the names the open /actions page is served under: the
-// external URL's host and the listen addresses' (ui.Handler adds IP
-// addresses and localhost).
+// webHosts are the names the open /actions page, and with
+// --auth.insecure-none every request without a credential, is served
+// under: the external URL's host and the listen addresses' (IP addresses
+// and localhost are added by intake.HostAllowed).
 func webHosts(o Options) []string {
 	hosts := []string{}
 	if o.ExternalURL != nil && o.ExternalURL.Hostname() != "" {
 		hosts = append(hosts, o.ExternalURL.Hostname())
 	}
-	if o.Web != nil && o.Web.WebListenAddresses != nil {
-		for _, a := range *o.Web.WebListenAddresses {
-			if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
-				hosts = append(hosts, h)
-			}
+	for _, a := range listenAddresses(o) {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
+			hosts = append(hosts, h)
 		}
 	}
 	return hosts
+}
+
+// listenAddresses are --web.listen-address's values.
+func listenAddresses(o Options) []string {
+	if o.Web == nil || o.Web.WebListenAddresses == nil {
+		return nil
+	}
+	return *o.Web.WebListenAddresses
 }

@@ -23,9 +23,21 @@ import (
 type Auth struct {
 	tokenSum [32]byte
 	hasToken bool
-	// sessionKey signs the pages' session cookies (session.go).
+	// sessionKey signs the pages' session cookies (session.go), for
+	// scope, this remediator; secureURL: the external URL is https.
 	sessionKey []byte
-	insecure   bool
+	scope      []byte
+	secureURL  bool
+	// revoked holds the sessions that a logout revoked, until they
+	// expire; sessions issued before sessionsNotBefore (Unix seconds)
+	// are revoked too. Under mu.
+	revoked           map[string]time.Time
+	sessionsNotBefore int64
+	insecure          bool
+	// hosts are the names, besides IP addresses and localhost, under
+	// which a request without a credential is served with insecure
+	// (crosssite.go, hostChecked).
+	hosts []string
 	// fleet checks the dispatcher's signed requests (fleetsig.go).
 	fleet *fleetVerifier
 
@@ -63,6 +75,14 @@ type AuthConfig struct {
 	// signed for it with the token's per-node key are admitted
 	// (fleetsig.go). Empty admits none.
 	FleetNode string
+	// Session is the remediator that the pages' session cookies are
+	// bound to (session.go).
+	Session SessionScope
+	// Hosts are the names under which the remediator is served (the
+	// host of --web.external-url and of the listen addresses): with
+	// InsecureNone, a request that brings no credential is served only
+	// under one of them, an IP address or localhost (DNS rebinding).
+	Hosts []string
 }
 
 // DefaultMaxSources is AuthConfig.MaxSources's default: a few hundred
@@ -84,7 +104,9 @@ const sweepEvery = time.Minute
 // verified client certificate, unless InsecureNone is set.
 func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, error) {
 	a := &Auth{insecure: cfg.InsecureNone, failures: map[string]*rate.Limiter{}, maxSources: cfg.MaxSources, metrics: m, logger: logger,
-		warn: newThrottledLog(logger, warnInterval, warnBurst)}
+		warn: newThrottledLog(logger, warnInterval, warnBurst), hosts: cfg.Hosts,
+		scope: cfg.Session.encode(), revoked: map[string]time.Time{}}
+	a.secureURL = cfg.Session.ExternalURL != nil && cfg.Session.ExternalURL.Scheme == "https"
 	a.failRate = rate.Limit(cfg.FailuresPerMinute / 60)
 	a.failBurst = cfg.FailureBurst
 	if a.failBurst <= 0 {
@@ -111,9 +133,10 @@ func NewAuth(cfg AuthConfig, m *remediate.Metrics, logger *slog.Logger) (*Auth, 
 	return a, nil
 }
 
-// Wrap admits authenticated requests to next. A GET or HEAD may also
-// bring the session cookie of the pages' sign-in form (session.go); a
-// request that changes state never can.
+// Wrap admits authenticated requests to next: the API's. The session
+// cookie of the pages' sign-in form (session.go) is never accepted here.
+// With --auth.insecure-none, a request without a credential is admitted
+// under the Host check (hostChecked), which a DNS rebinding fails.
 //
 // A correct credential, a verified client certificate or the right bearer
 // token, is always admitted, whatever the source did before: many callers
@@ -132,6 +155,10 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if a.insecure {
+			a.hostChecked(next).ServeHTTP(w, r)
+			return
+		}
 		source := sourceOf(r)
 		if a.blocked(source) {
 			a.metrics.Requests.WithLabelValues("429").Inc()
@@ -147,11 +174,12 @@ func (a *Auth) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// admitted reports whether r is authenticated: no authentication is
-// required, or it has a verified client certificate, the bearer token, or
-// (GET and HEAD only) a session cookie from the sign-in form.
+// admitted reports whether r brings a credential: a verified client
+// certificate, the bearer token, or the dispatcher's signature. (The
+// pages' session cookie is WrapPage's; --auth.insecure-none's requests
+// without any are hostChecked's.)
 func (a *Auth) admitted(r *http.Request) bool {
-	return a.insecure || a.clientCertOK(r) || a.tokenOK(r) || a.fleet.ok(r) || a.sessionOK(r)
+	return a.clientCertOK(r) || a.tokenOK(r) || a.fleet.ok(r)
 }
 
 func (a *Auth) clientCertOK(r *http.Request) bool {

@@ -196,8 +196,10 @@ func TestAuthWithoutToken(t *testing.T) {
 		}
 	})
 
+	// example.com is httptest's Host, given as a name of the remediator
+	// (TestInsecureNoneHost: other names are refused).
 	t.Run("InsecureNone admits everyone", func(t *testing.T) {
-		at := newAuthTest(t, AuthConfig{InsecureNone: true, FailureBurst: 1})
+		at := newAuthTest(t, AuthConfig{InsecureNone: true, FailureBurst: 1, Hosts: []string{"example.com"}})
 		for i, authz := range []string{"", "Bearer wrong", "Bearer " + testToken, "", ""} {
 			if w := at.call(t, "192.0.2.10:5555", authz); w.Code != http.StatusNoContent {
 				t.Errorf("call %d: status %d, want the next handler", i, w.Code)
@@ -210,12 +212,67 @@ func TestAuthWithoutToken(t *testing.T) {
 
 	t.Run("InsecureNone with a token file still admits everyone", func(t *testing.T) {
 		cfg := tokenConfig(t)
-		cfg.InsecureNone = true
+		cfg.InsecureNone, cfg.Hosts = true, []string{"example.com"}
 		at := newAuthTest(t, cfg)
 		if w := at.call(t, "192.0.2.10:5555", "Bearer wrong"); w.Code != http.StatusNoContent {
 			t.Errorf("status %d, want the next handler", w.Code)
 		}
 	})
+}
+
+// TestInsecureNoneHost: with --auth.insecure-none, a request without a
+// credential is served only under the remediator's own names, IP
+// addresses and localhost, on the API and the pages alike: a foreign Host,
+// which a DNS rebinding brings, gets 403 and reaches nothing (the old
+// remediator served it). A request with the token is served whatever its
+// Host.
+func TestInsecureNoneHost(t *testing.T) {
+	cfg := tokenConfig(t)
+	cfg.InsecureNone, cfg.Hosts = true, []string{"remediator.svc"}
+	at := newAuthTest(t, cfg)
+	page := at.auth.WrapPage(at.h, func(w http.ResponseWriter, _ *http.Request, code int, _ string, _ bool) { w.WriteHeader(code) })
+	srv := httptest.NewServer(http.NewServeMux())
+	mux := srv.Config.Handler.(*http.ServeMux)
+	mux.Handle("GET /api/v1/actions", at.h)
+	mux.Handle("POST /api/v1/breaker/reset", at.h)
+	mux.Handle("GET /actions", page)
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path, host, authz string
+		want                      int
+	}{
+		{"GET", "/api/v1/actions", "rebind.example", "", http.StatusForbidden},
+		{"POST", "/api/v1/breaker/reset", "rebind.example:10836", "", http.StatusForbidden},
+		{"GET", "/actions", "rebind.example", "", http.StatusForbidden},
+		{"GET", "/api/v1/actions", "rebind.example", "Bearer wrong-token-0123456789", http.StatusForbidden},
+		{"GET", "/api/v1/actions", "127.0.0.1.nip.io", "", http.StatusForbidden},
+		{"GET", "/api/v1/actions", "rebind.example", "Bearer " + testToken, http.StatusNoContent},
+		{"POST", "/api/v1/breaker/reset", "rebind.example", "Bearer " + testToken, http.StatusNoContent},
+		{"GET", "/api/v1/actions", "127.0.0.1:10836", "", http.StatusNoContent},
+		{"POST", "/api/v1/breaker/reset", "[::1]:10836", "", http.StatusNoContent},
+		{"POST", "/api/v1/breaker/reset", "10.0.0.5:10836", "", http.StatusNoContent},
+		{"POST", "/api/v1/breaker/reset", "localhost:10836", "", http.StatusNoContent},
+		{"POST", "/api/v1/breaker/reset", "remediator.svc:10836", "", http.StatusNoContent},
+		{"GET", "/actions", "remediator.svc", "", http.StatusNoContent},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		req.Host = tc.host
+		if tc.authz != "" {
+			req.Header.Set("Authorization", tc.authz)
+		}
+		// 204 is the handler's answer: what did not reach it is not 204.
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s, Host %s, %q: %d, want %d", tc.method, tc.path, tc.host, tc.authz, resp.StatusCode, tc.want)
+		}
+	}
+	if v := at.requests("403"); v != 5 {
+		t.Errorf("requests_total{code=\"403\"} = %v, want 5", v)
+	}
 }
 
 func TestAuthClientCertificate(t *testing.T) {

@@ -3,6 +3,7 @@ package intake
 import (
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -69,4 +70,54 @@ func jsonOrBearer(r *http.Request) bool {
 	}
 	scheme, _, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	return ok && strings.EqualFold(scheme, "Bearer")
+}
+
+// hostChecked serves next a request that brings no credential, on a
+// remediator without authentication (--auth.insecure-none), only under
+// one of its own names: an IP address, localhost, or one of the names it
+// is served under (AuthConfig.Hosts: --web.external-url's host and the
+// listen addresses'). Through DNS rebinding, another site's script reaches
+// the remediator under that site's own name, which it resolved to the
+// remediator's address: without authentication, the network position it
+// borrows from the browser is all it needs to read the audit log
+// (/api/v1/actions, other users' command lines) and reset the breaker.
+// Such a request gets 403. Alertmanager sends the Host of its webhook URL:
+// an IP address passes; a name (a Service, a host name) must be given as
+// --web.external-url, or as the listen address.
+func (a *Auth) hostChecked(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if HostAllowed(r.Host, a.hosts) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		a.metrics.Requests.WithLabelValues("403").Inc()
+		a.warn.Warn("Refused a request without credentials under a foreign Host", "remote", sourceOf(r), "method", r.Method,
+			"path", r.URL.Path, "host", r.Host)
+		httpError(w, http.StatusForbidden, "Host %q is not a name of this remediator, and the request has no credential "+
+			"(--auth.insecure-none serves only its own names, IP addresses and localhost, against DNS rebinding): "+
+			"give the URL it is reached under as --web.external-url, or send the bearer token", r.Host)
+	})
+}
+
+// HostAllowed reports whether host, a request's Host header, names the
+// remediator: an IP address (DNS rebinding needs a name), localhost, or
+// one of names. Ports are not compared.
+func HostAllowed(host string, names []string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+	if name == "" {
+		return false
+	}
+	if net.ParseIP(name) != nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	for _, n := range names {
+		if strings.EqualFold(strings.TrimSuffix(n, "."), name) {
+			return true
+		}
+	}
+	return false
 }

@@ -272,7 +272,10 @@ func TestAuthIPv6SharesA64(t *testing.T) {
 // that counts what reaches it.
 func crossSiteServer(t *testing.T, external string) (http.Handler, *atomic.Int32) {
 	t.Helper()
-	a, err := NewAuth(AuthConfig{InsecureNone: true}, newTestMetrics(), discardLogger())
+	// remediator is a name the remediator is served under (its listen
+	// address's host, or --web.external-url's): without a credential,
+	// --auth.insecure-none serves those only (hostChecked).
+	a, err := NewAuth(AuthConfig{InsecureNone: true, Hosts: []string{"remediator"}}, newTestMetrics(), discardLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

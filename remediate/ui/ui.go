@@ -8,14 +8,12 @@ package ui
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
 	"fmt"
 	"html/template"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -24,6 +22,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/report"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
@@ -99,8 +98,11 @@ type Config struct {
 	// signals or only records (a dry run). The dispatcher has neither.
 	Policy remediate.Policy
 	Act    bool
-	Logger *slog.Logger
-	now    func() time.Time
+	// SignedIn reports whether a request came with a session cookie
+	// (intake.Auth.SignedIn): the pages then offer to sign out.
+	SignedIn func(*http.Request) bool
+	Logger   *slog.Logger
+	now      func() time.Time
 }
 
 // Choices of the report's links.
@@ -123,6 +125,8 @@ type mode struct {
 	Policy      remediate.Policy
 	Act         bool
 	BreakerOpen bool
+	// SignOut: the request came with a session cookie.
+	SignOut bool
 }
 
 type view struct {
@@ -183,7 +187,7 @@ func Handler(cfg Config) http.Handler {
 			http.Error(w, fmt.Sprintf("since: %q is not a duration such as 7d or 12h", sinceText), http.StatusBadRequest)
 			return
 		}
-		v, err := cfg.view(r.Context(), by, sinceText, time.Duration(d))
+		v, err := cfg.view(r, by, sinceText, time.Duration(d))
 		if err != nil {
 			cfg.Logger.Error("Rendering /actions", "err", err)
 			http.Error(w, "reading the audit store: "+err.Error(), http.StatusServiceUnavailable)
@@ -228,12 +232,12 @@ func (cfg Config) detail(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	a := acts[0]
-	v := detailView{Action: a, Mode: cfg.mode(), Final: a.State.Final(), DeadOwners: deadOwners(a), Events: events}
+	v := detailView{Action: a, Mode: cfg.mode(r), Final: a.State.Final(), DeadOwners: deadOwners(a), Events: events}
 	cfg.render(w, http.StatusOK, "action.html", v)
 }
 
-func (cfg Config) mode() mode {
-	m := mode{Role: cfg.Role, Policy: cfg.Policy, Act: cfg.Act}
+func (cfg Config) mode(r *http.Request) mode {
+	m := mode{Role: cfg.Role, Policy: cfg.Policy, Act: cfg.Act, SignOut: cfg.SignedIn != nil && cfg.SignedIn(r)}
 	if cfg.Breaker != nil {
 		m.BreakerOpen = cfg.Breaker.BreakerOpen()
 	}
@@ -284,7 +288,7 @@ func (cfg Config) Denied(w http.ResponseWriter, r *http.Request, code int, probl
 	if r.Method == http.MethodPost {
 		next = r.PostForm.Get("next")
 	}
-	if !strings.HasPrefix(next, "/actions") || next == "/actions/login" {
+	if !strings.HasPrefix(next, "/actions") || next == "/actions/login" || next == "/actions/logout" {
 		next = "/actions"
 	}
 	cfg.render(w, code, "signin.html", signInView{Code: code, Problem: problem, TokenSignIn: tokenSignIn, Next: next,
@@ -294,14 +298,15 @@ func (cfg Config) Denied(w http.ResponseWriter, r *http.Request, code int, probl
 // sessionLifetime is intake.SessionLifetime in words.
 const sessionLifetime = "12 hours"
 
-func (cfg Config) view(ctx context.Context, by report.By, sinceText string, since time.Duration) (view, error) {
+func (cfg Config) view(r *http.Request, by report.By, sinceText string, since time.Duration) (view, error) {
+	ctx := r.Context()
 	now := cfg.now()
 	from := now.Add(-since)
 	acts, err := report.Collect(ctx, report.StoreSource{Store: cfg.Store}, from, now.Add(time.Second))
 	if err != nil {
 		return view{}, err
 	}
-	v := view{Role: cfg.Role, Mode: cfg.mode(), By: by, Since: sinceText, Report: report.Build(acts, by, from, now)}
+	v := view{Role: cfg.Role, Mode: cfg.mode(r), By: by, Since: sinceText, Report: report.Build(acts, by, from, now)}
 	for _, b := range byChoices {
 		v.ByLinks = append(v.ByLinks, link{string(b), "?" + url.Values{"by": {string(b)}, "since": {sinceText}}.Encode(), b == by})
 	}
@@ -333,33 +338,16 @@ var styleHash = func() string {
 }()
 
 // setSecurityHeaders: the pages load nothing, run no script, submit no
-// form and may not be framed; only their own inline style applies.
+// form but their own sign-out, and may not be framed; only their own
+// inline style applies.
 func setSecurityHeaders(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src "+styleHash+"; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src "+styleHash+"; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 }
 
 // hostAllowed reports whether host, a request's Host header, names the
-// remediator: an IP address (DNS rebinding needs a name), localhost, or
-// one of names. Ports are not compared.
-func hostAllowed(host string, names []string) bool {
-	name := host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		name = h
-	}
-	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
-	if name == "" {
-		return false
-	}
-	if net.ParseIP(name) != nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
-		return true
-	}
-	for _, n := range names {
-		if strings.EqualFold(strings.TrimSuffix(n, "."), name) {
-			return true
-		}
-	}
-	return false
-}
+// remediator (intake.HostAllowed: an IP address, localhost, or one of
+// names).
+func hostAllowed(host string, names []string) bool { return intake.HostAllowed(host, names) }
