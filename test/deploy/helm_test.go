@@ -645,7 +645,9 @@ func checkChartDispatcher(t *testing.T, r *chartRender, objs []k8sObject) {
 	targetsFile, hasTargets := flagValue(d.Args, "dispatch.targets-file")
 	var want []rbacv1.PolicyRule
 	if v.Dispatcher.Discovery.Enabled {
-		want = append(want, rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}})
+		want = append(want, rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+			rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get"}})
 		checkAgentsService(t, r, objs, d.Args, service, hasService)
 	} else if hasService {
 		t.Errorf("dispatcher: discovery is off, but --dispatch.kubernetes.service=%q", service)
