@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
+	"github.com/gpu-orphan/gpu-orphan/internal/termsafe"
 )
 
 const namespace = "gpu_orphan"
@@ -153,20 +154,27 @@ func (c *Collector) collectGPU(ch chan<- prometheus.Metric, g snapshot.GPU, take
 		if o.Process != nil {
 			comm = o.Process.Comm
 		}
-		gauge(processDesc, float64(o.UsedBytes), strconv.Itoa(int(o.PID)), comm, strconv.FormatBool(o.Alive))
+		gauge(processDesc, float64(o.UsedBytes), strconv.Itoa(int(o.PID)), label(comm), strconv.FormatBool(o.Alive))
 		if !o.Alive {
 			var who snapshot.Identity
 			if o.Identity != nil {
 				who = *o.Identity
 			}
-			gauge(deadOwnerDesc, 1, strconv.Itoa(int(o.PID)), who.Comm, who.User, who.SlurmJob, who.PodUID, who.ContainerID)
+			gauge(deadOwnerDesc, 1, strconv.Itoa(int(o.PID)), label(who.Comm), label(who.User), label(who.SlurmJob), label(who.PodUID), label(who.ContainerID))
 		}
 	}
 	for _, h := range g.Suspects {
 		gauge(holderDesc, 1, strconv.Itoa(h.PID), strconv.Itoa(h.PGID), strconv.Itoa(h.SID), strconv.Itoa(h.PPID),
-			h.Comm, h.User, h.Container, h.Pod, h.Reason, h.Proof)
+			label(h.Comm), label(h.User), label(h.Container), label(h.Pod), h.Reason, label(h.Proof))
 	}
 }
+
+// label is a label value that a process chose (its comm, the names in its
+// cgroup, a proof that quotes them): its control characters are written
+// as escapes (\x1b, \n), as `gpu-orphan ps` prints them, so that whoever
+// reads /metrics in a terminal (curl, promtool) sees them for what they
+// are, and a query or a dashboard shows one line.
+func label(s string) string { return termsafe.Escape(s) }
 
 func boolFloat(b bool) float64 {
 	if b {

@@ -95,7 +95,7 @@ func (d *SlurmDrain) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(slurmReadOKDesc, prometheus.GaugeValue, 1)
 	if state.ByGPUOrphan() {
-		ch <- prometheus.MustNewConstMetric(slurmDrainedDesc, prometheus.GaugeValue, 1, state.Reason)
+		ch <- prometheus.MustNewConstMetric(slurmDrainedDesc, prometheus.GaugeValue, 1, label(state.Reason))
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(slurmDrainedDesc, prometheus.GaugeValue, 0, "")
