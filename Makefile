@@ -27,7 +27,7 @@ RUN_DIR   ?= $(CURDIR)/.run
 # doing (the packages being tested or compiled, the tool being built).
 PROGRESS  := $(CURDIR)/scripts/progress.sh
 
-.PHONY: all build deps deps-run tools test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
+.PHONY: all build deps deps-run tools kube-tools e2e-kubernetes kubernetes-skipped test oldest unit lint checkmetrics rules e2e bench run demo fuzz soak release clean
 
 all: build
 
@@ -50,7 +50,7 @@ deps-run:
 
 # The release's arm64 cross-build and its run under qemu test the packaging,
 # not the code: .ci/run runs `make release` after `make test`.
-test: deps build lint unit rules fuzz e2e
+test: deps build lint unit rules fuzz e2e kubernetes-skipped
 
 # Prometheus and Alertmanager, built from their Go modules at the versions
 # the code links (scripts/tools.sh: once, about 6 minutes on 2 cores, then
@@ -73,6 +73,22 @@ endif
 tools:
 	@mkdir -p '$(TOOLS)'
 	@GO='$(GO)' $(PROGRESS) -p 'tools: Prometheus and Alertmanager (scripts/tools.sh)' ./scripts/tools.sh '$(TOOLS)' > '$(TOOLS)/current.tmp' && mv '$(TOOLS)/current.tmp' '$(TOOLS)/current'
+
+# The dispatcher and the chart against a real kube-apiserver and etcd
+# (test/kubernetes, on internal/testenv/kubereal; docs/kubernetes.md): the
+# control plane is built from its Go modules into .tools/kubernetes-VERSION
+# by scripts/kube-tools.sh, once (22 minutes on 2 busy cores, 8 idle), then
+# cached. .ci/run runs it after `make test`, which leaves it out for time.
+kube-tools:
+	@mkdir -p '$(TOOLS)'
+	@GO='$(GO)' $(PROGRESS) -p 'tools: kube-apiserver and etcd (scripts/kube-tools.sh)' ./scripts/kube-tools.sh '$(TOOLS)' > '$(TOOLS)/kubernetes.tmp' && mv '$(TOOLS)/kubernetes.tmp' '$(TOOLS)/kubernetes'
+
+e2e-kubernetes: kube-tools
+	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test ./internal/testenv/kubereal/ (a real control plane)' $(GO) test -count=1 -v -run TestControlPlane ./internal/testenv/kubereal/
+	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver)' $(GO) test -tags kubernetes -count=1 -v -timeout 15m ./kubernetes/
+
+kubernetes-skipped:
+	@echo 'make test: the tests against a real kube-apiserver (test/kubernetes) are not part of it: `make e2e-kubernetes` builds the control plane once and runs them (.ci/run does)'
 
 oldest: build deps-run
 	@$(MAKE) --no-print-directory rules e2e OLDEST=1
