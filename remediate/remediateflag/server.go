@@ -44,7 +44,9 @@ func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 	a.Flag("alert.uuid-label", "The alert label that names the GPU by UUID.").Default("uuid").StringVar(&o.UUIDLabel)
 	a.Flag("store.path", "The audit database (SQLite, WAL). Every decision is written here before it is acknowledged. "+
 		"Not given, it is "+DefaultStorePath+", for root and for any other user alike (its directory is created, 0700; "+
-		"a user who may not create it must give --store.path), and the start-up log says so.").
+		"a user who may not create it must give --store.path), and the start-up log says so. Its directory must belong to the "+
+		"remediator's user and be writable by no one else, and the database and its -wal and -shm are never followed if they "+
+		"are symbolic links: either is refused at start, in one line that says what to run.").
 		Default(DefaultStorePath).IsSetByUser(&s.storeSet).StringVar(&o.StorePath)
 	a.Flag("web.external-url", "The URL under which browsers reach the remediator, when it is not the listen address (a proxy, a DNS name), e.g. https://gpu-17.example.com:10836. State-changing requests (the webhook, the breaker reset) from a browser page are accepted from this origin and the request's own only; with --web.ui.open, /actions is served under this name, the listen address's, IP addresses and localhost only (a defence against DNS rebinding).").StringVar(&s.externalURL)
 	a.Flag("web.ui.open", "Serve the /actions page (who leaks most, the latest actions, the breaker) without authentication, for a trusted network. Without it the page needs the API's bearer token or client certificate.").BoolVar(&o.UIOpen)
