@@ -1,0 +1,247 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate"
+)
+
+// agentToken is the fleet's secret: the agents' --auth.token-file and the
+// dispatcher's --dispatch.token-file.
+const agentToken = "issue24-fleet-secret-7c1e9a40d2b35f68"
+
+// recorded is a request as a squatter on an agent's port saw it.
+type recorded struct {
+	Method, URI string
+	Header      http.Header
+	Body        []byte
+}
+
+// squatter is a user's listener on the port of a node whose agent is
+// down: it answers 401, as the user did, and records what it got.
+type squatter struct {
+	*httptest.Server
+	mu  sync.Mutex
+	got []recorded
+}
+
+func newSquatter(t *testing.T) *squatter {
+	s := &squatter{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		s.got = append(s.got, recorded{r.Method, r.RequestURI, r.Header.Clone(), b})
+		s.mu.Unlock()
+		http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *squatter) requests() []recorded {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]recorded(nil), s.got...)
+}
+
+// replay sends a recorded request, as it was, to base.
+func replay(t *testing.T, base string, r recorded) int {
+	t.Helper()
+	req, err := http.NewRequest(r.Method, base+r.URI, bytes.NewReader(r.Body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// writeFile writes content to a new file in dir.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startAgent runs a real node agent (gpu-orphan-remediator, a dry run) for
+// node on a simulated node, with the fleet's secret as its token.
+func startAgent(t *testing.T, node, tokenFile string) string {
+	t.Helper()
+	root := testenv.SimNode(t, 1)
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-remediator"), "--backend=sim", "--sim.root="+root,
+		"--store.path="+filepath.Join(t.TempDir(), "agent.db"), "--auth.token-file="+tokenFile, "--node.name="+node,
+		"--collector.interval=200ms", "--web.systemd-socket")
+	base := "http://" + testenv.PassListener(t, cmd)
+	testenv.DaemonCmd(t, cmd)
+	waitReady(t, base, "the agent of "+node)
+	return base
+}
+
+func waitReady(t *testing.T, base, what string) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, what+" to be ready", func() bool {
+		resp, err := http.Get(base + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// startFleetDispatcher runs the real dispatcher binary with targets
+// (node to URL), the fleet's secret, and a fleet breaker of 3 failures.
+func startFleetDispatcher(t *testing.T, dir string, targets map[string]string, webhookToken, tokenFile string) string {
+	t.Helper()
+	b, _ := json.Marshal(targets)
+	cmd := exec.Command(testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.systemd-socket",
+		"--auth.token-file="+writeFile(t, dir, "webhook-token", webhookToken), "--dispatch.token-file="+tokenFile,
+		"--dispatch.targets-file="+writeFile(t, dir, "targets.json", string(b)), "--store.path="+filepath.Join(dir, "d.db"),
+		"--limit.breaker-failures=3", "--dispatch.max-fraction=1", "--dispatch.max-attempts=1")
+	base := "http://" + testenv.PassListener(t, cmd)
+	testenv.DaemonCmd(t, cmd)
+	waitReady(t, base, "the dispatcher")
+	return base
+}
+
+// postAlert posts one firing alert to the dispatcher, as Alertmanager does.
+func postAlert(t *testing.T, base, webhookToken, node, uuid, fingerprint string) {
+	t.Helper()
+	a := map[string]any{"status": "firing", "labels": map[string]string{"alertname": "GPUOrphanMemory", "node": node, "uuid": uuid},
+		"annotations": map[string]string{}, "startsAt": time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+		"endsAt": "0001-01-01T00:00:00Z", "fingerprint": fingerprint}
+	body, _ := json.Marshal(map[string]any{"version": "4", "groupKey": "{}", "status": "firing", "receiver": "gpu-orphan",
+		"groupLabels": map[string]string{}, "commonLabels": map[string]string{}, "commonAnnotations": map[string]string{},
+		"externalURL": "http://alertmanager", "alerts": []any{a}})
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/alerts", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+webhookToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("posting the alert for %s: %s", node, resp.Status)
+	}
+}
+
+// actions lists the dispatcher's actions by node.
+func actions(t *testing.T, base, webhookToken string) map[string][]remediate.Action {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/api/v1/actions", nil)
+	req.Header.Set("Authorization", "Bearer "+webhookToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []remediate.Action
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]remediate.Action{}
+	for _, a := range list {
+		out[a.Node] = append(out[a.Node], a)
+	}
+	return out
+}
+
+// TestSquatterOnAgentPortGetsNothingReusable: issue 24, item 1, with the
+// real dispatcher and real node agents. node-c's agent is down and a
+// user's listener holds its port, answering 401. The dispatcher used to
+// send it `Authorization: Bearer <the fleet token>` with each of three
+// alerts, count three failed cleanups and open the fleet breaker, so that
+// node-a's next alert was held back. Now what the listener gets holds no
+// token; replayed to node-a's agent it is refused, and replayed to
+// node-c's own agent (back up) it works at most once; the fleet breaker
+// stays closed and node-a's alert reaches node-a's agent.
+func TestSquatterOnAgentPortGetsNothingReusable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the dispatcher and the node agents")
+	}
+	dir := t.TempDir()
+	const webhookToken = "issue24-webhook-token-0a1b2c3d4e5f"
+	tokenFile := writeFile(t, dir, "agent-token", agentToken+"\n")
+	agentA := startAgent(t, "node-a", tokenFile)
+	squat := newSquatter(t)
+	base := startFleetDispatcher(t, dir, map[string]string{"node-a": agentA, "node-c": squat.URL}, webhookToken, tokenFile)
+
+	for i := range 3 {
+		postAlert(t, base, webhookToken, "node-c", fmt.Sprintf("GPU-c%d", i), fmt.Sprintf("c0ffee%02d", i))
+	}
+	testenv.Eventually(t, 30*time.Second, "node-c's three alerts to fail against the squatter", func() bool {
+		n := 0
+		for _, a := range actions(t, base, webhookToken)["node-c"] {
+			if a.State == remediate.StateFailed && strings.Contains(a.Reason, "401") {
+				n++
+			}
+		}
+		return n == 3
+	})
+	got := squat.requests()
+	if len(got) != 3 {
+		t.Fatalf("the squatter got %d requests, want 3", len(got))
+	}
+	for _, r := range got {
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				if strings.Contains(v, agentToken) || strings.HasPrefix(strings.ToLower(v), "bearer") {
+					t.Errorf("the squatter got a reusable credential: %s: %s", k, v)
+				}
+			}
+		}
+		if bytes.Contains(r.Body, []byte(agentToken)) {
+			t.Errorf("the squatter got the token in the body")
+		}
+	}
+
+	// Replayed to another node's agent: refused.
+	if code := replay(t, agentA, got[0]); code != http.StatusUnauthorized {
+		t.Errorf("node-c's request replayed to node-a's agent: %d, want 401", code)
+	}
+	// The fleet breaker stayed closed: node-a's next alert reaches its agent.
+	postAlert(t, base, webhookToken, "node-a", "GPU-a0", "a11ce000")
+	testenv.Eventually(t, 30*time.Second, "node-a's alert to be taken by its agent", func() bool {
+		as := actions(t, base, webhookToken)["node-a"]
+		return len(as) == 1 && as[0].Agent != nil && (as[0].State == remediate.StateSucceeded || as[0].State == remediate.StateSkipped)
+	})
+	_, mfs := testenv.Scrape(t, base+"/metrics")
+	if v, ok := testenv.Value(mfs, "gpu_orphan_remediator_breaker_open", nil); !ok || v != 0 {
+		t.Errorf("the fleet breaker: breaker_open %v (found %v), want 0", v, ok)
+	}
+
+	// node-c's agent is back: the request it was sent works once within
+	// the window (it is node-c's own alert), never twice.
+	agentC := startAgent(t, "node-c", tokenFile)
+	first := replay(t, agentC, got[1])
+	if second := replay(t, agentC, got[1]); second != http.StatusUnauthorized {
+		t.Errorf("a request replayed to node-c's agent a second time: %d (first %d), want 401", second, first)
+	}
+	// The API with the stolen request: another path, refused.
+	r := got[2]
+	r.Method, r.URI, r.Body = http.MethodPost, "/api/v1/breaker/reset", nil
+	if code := replay(t, agentC, r); code != http.StatusUnauthorized {
+		t.Errorf("the breaker reset with node-c's signature: %d, want 401", code)
+	}
+}
