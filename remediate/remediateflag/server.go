@@ -37,7 +37,7 @@ const DefaultStorePath = "/var/lib/gpu-orphan/remediator.db"
 func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 	s := &Server{o: o, log: &promslog.Config{}}
 	a.Flag("auth.token-file", "File holding the bearer token that callers must send (Authorization: Bearer ...). Client certificates verified through --web.config.file are accepted too.").StringVar(&o.Auth.TokenFile)
-	a.Flag("auth.insecure-none", "Accept requests without any authentication. Only for local experiments.").BoolVar(&o.Auth.InsecureNone)
+	a.Flag("auth.insecure-none", "Accept requests without any authentication. Only for local experiments. A request without a credential is then served only under the remediator's own names (--web.external-url's host, the listen address's), IP addresses and localhost (DNS rebinding): a webhook URL with a name needs that name in --web.external-url.").BoolVar(&o.Auth.InsecureNone)
 	cli.Float64Var(a.Flag("auth.failures-per-minute", "Failed authentications allowed per source and minute before it gets 429.").Default("10"), &o.Auth.FailuresPerMinute)
 	cli.BytesVar(a.Flag("web.max-body-bytes", "Largest webhook body accepted; larger ones get 413. Bytes, or a size with a unit: 1MiB.").Default("1MiB"), &s.maxBody)
 	a.Flag("alert.node-label", "The alert label that names the node.").Default("node").StringVar(&o.NodeLabel)
@@ -48,7 +48,7 @@ func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 		"remediator's user and be writable by no one else, and the database and its -wal and -shm are never followed if they "+
 		"are symbolic links: either is refused at start, in one line that says what to run.").
 		Default(DefaultStorePath).IsSetByUser(&s.storeSet).StringVar(&o.StorePath)
-	a.Flag("web.external-url", "The URL under which browsers reach the remediator, when it is not the listen address (a proxy, a DNS name), e.g. https://gpu-17.example.com:10836. State-changing requests (the webhook, the breaker reset) from a browser page are accepted from this origin and the request's own only; with --web.ui.open, /actions is served under this name, the listen address's, IP addresses and localhost only (a defence against DNS rebinding).").StringVar(&s.externalURL)
+	a.Flag("web.external-url", "The URL under which browsers reach the remediator, when it is not the listen address (a proxy, a DNS name), e.g. https://gpu-17.example.com:10836. State-changing requests (the webhook, the breaker reset) from a browser page are accepted from this origin and the request's own only; with --web.ui.open (and --auth.insecure-none), /actions (and every request without a credential) is served under this name, the listen address's, IP addresses and localhost only (a defence against DNS rebinding). The pages' session cookie is bound to it; an https URL makes the cookie Secure and __Host-.").StringVar(&s.externalURL)
 	a.Flag("web.ui.open", "Serve the /actions page (who leaks most, the latest actions, the breaker) without authentication, for a trusted network. Without it the page needs the API's bearer token or client certificate.").BoolVar(&o.UIOpen)
 	def := limits.DefaultConfig()
 	cli.DurationVar(a.Flag("limit.cooldown", "Per-GPU pause after a cleanup that sent signals.").Default(def.Cooldown.String()), &o.Limits.Cooldown)
