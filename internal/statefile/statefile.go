@@ -98,7 +98,7 @@ func Save(path string, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("writing the state file: %w", err)
 	}
-	defer d.Remove(tmpName) // after the rename, a no-op
+	defer func() { _ = d.Remove(tmpName) }() // after the rename, a no-op (ENOENT)
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
 		return fmt.Errorf("writing the state file: %w", err)
