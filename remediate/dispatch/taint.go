@@ -106,6 +106,31 @@ func (t *Taints) Taint(ctx context.Context, node, gpu, reason string, known []st
 	defer t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
+	for attempt := 1; ; attempt++ {
+		result, eventErr, err = t.taint(ctx, node, gpu, reason, known)
+		if !stale(err) || attempt == patchAttempts {
+			return result, eventErr, err
+		}
+	}
+}
+
+// patchAttempts bounds the reads and patches of one decision when other
+// writers (the kubelet, the node controller, a label controller) keep
+// changing the Node in between.
+const patchAttempts = 10
+
+// errStale is the refusal of a patch whose test of the resourceVersion
+// failed: the Node changed since it was read, and the decision is made
+// again on a fresh read.
+var errStale = errors.New("the node changed since it was read")
+
+// stale reports whether err is errStale, or a 409 Conflict.
+func stale(err error) bool {
+	return errors.Is(err, errStale) || apierrors.IsConflict(err)
+}
+
+// taint is one read, decision and patch of Taint.
+func (t *Taints) taint(ctx context.Context, node, gpu, reason string, known []string) (result string, eventErr error, err error) {
 	n, err := t.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return "", nil, fmt.Errorf("reading node %s: %w", node, err)
@@ -142,6 +167,16 @@ func (t *Taints) Untaint(ctx context.Context, node, gpu, reason string) (result 
 	defer t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
+	for attempt := 1; ; attempt++ {
+		result, eventErr, err = t.untaint(ctx, node, gpu, reason)
+		if !stale(err) || attempt == patchAttempts {
+			return result, eventErr, err
+		}
+	}
+}
+
+// untaint is one read and patch of Untaint.
+func (t *Taints) untaint(ctx context.Context, node, gpu, reason string) (result string, eventErr error, err error) {
 	n, err := t.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return "", nil, fmt.Errorf("reading node %s: %w", node, err)
@@ -200,6 +235,15 @@ func (t *Taints) patch(ctx context.Context, n *corev1.Node, taints []corev1.Tain
 		return err
 	}
 	if _, err := t.client.CoreV1().Nodes().Patch(ctx, n.Name, types.JSONPatchType, body, metav1.PatchOptions{FieldManager: "gpu-orphan-dispatcher"}); err != nil {
+		// kube-apiserver answers a failed test with 422 Invalid and no
+		// detail of the operation (measured with v1.37.2,
+		// TestTaintWhileNodeUpdated in test/kubernetes; not 409): a fresh
+		// read tells a stale resourceVersion from a patch it refused.
+		if apierrors.IsInvalid(err) {
+			if cur, gerr := t.client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); gerr == nil && cur.ResourceVersion != n.ResourceVersion {
+				return fmt.Errorf("patching the taints of node %s: %w (resourceVersion %s, now %s): %w", n.Name, errStale, n.ResourceVersion, cur.ResourceVersion, err)
+			}
+		}
 		return fmt.Errorf("patching the taints of node %s: %w", n.Name, err)
 	}
 	return nil
