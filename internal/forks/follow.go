@@ -41,6 +41,12 @@ const unavailable = "The kernel's process events are unavailable: holders of a d
 // longest an exit waits before its process is checked.
 const flushEvery = 50 * time.Millisecond
 
+// coalesce is how long the follower lets events gather while they keep
+// coming (a fork storm): it then wakes at most 1/coalesce times a second,
+// each time for a batch, instead of once or more per event. An event after
+// a quiet spell is applied at once.
+const coalesce = 25 * time.Millisecond
+
 // lostLogEvery bounds the log lines about lost events.
 const lostLogEvery = time.Minute
 
@@ -56,28 +62,47 @@ func Follow(ctx context.Context, rec *Record, logger *slog.Logger) *Status {
 		logger.Warn(unavailable, "err", err)
 		return st
 	}
-	batches := make(chan []procevents.Event, 256)
-	lost := make(chan struct{}, 1)
-	go receive(l, batches, lost)
-	if err := probe(rec, batches); err != nil {
+	f := &follower{l: l, rec: rec, st: st, logger: logger, buf: make([]procevents.Event, 0, procevents.ReceiveBatch)}
+	lost, err := f.probe()
+	if err != nil {
 		l.Close()
 		st.Why = err.Error()
 		logger.Warn(unavailable, "err", err)
 		return st
 	}
-	if err := rec.Seed(); err != nil {
+	seed := rec.Seed
+	if lost {
+		// What the probe's events recorded may miss an exec.
+		st.lost.Add(1)
+		seed = rec.Resync
+	}
+	if err := seed(); err != nil {
 		l.Close()
 		st.Why = err.Error()
 		logger.Warn("Cannot seed the fork record from /proc: process events not used", "err", err)
 		return st
 	}
 	st.up.Store(true)
+	f.flush = time.AfterFunc(time.Hour, f.flushExits)
+	f.flush.Stop()
 	go func() {
 		<-ctx.Done()
 		l.Close()
 	}()
-	go apply(ctx, rec, st, batches, lost, logger)
+	go f.run(ctx)
 	return st
+}
+
+// follower receives the events and applies them in one goroutine; a timer
+// checks the exits that settled.
+type follower struct {
+	l      *procevents.Listener
+	rec    *Record
+	st     *Status
+	logger *slog.Logger
+	buf    []procevents.Event
+	flush  *time.Timer
+	armed  atomic.Bool
 }
 
 // probeTimeout is how long the probe's fork may take to be reported.
@@ -86,93 +111,92 @@ const probeTimeout = 3 * time.Second
 // probe forks a child that fails to exec, and waits for its fork event: a
 // subscription from a network namespace other than the initial one
 // succeeds, and then nothing ever arrives. Events read meanwhile are
-// applied.
-func probe(rec *Record, batches <-chan []procevents.Event) error {
+// applied; lost reports whether some were lost.
+func (f *follower) probe() (lost bool, err error) {
 	// The child's exec fails (no such file); its fork and exit are what is
 	// looked for.
 	_, _ = syscall.ForkExec("/nonexistent/gpu-orphan-process-events-probe", nil, &syscall.ProcAttr{})
 	self := os.Getpid()
-	deadline := time.After(probeTimeout)
-	for {
-		select {
-		case evs, ok := <-batches:
-			if !ok {
-				return fmt.Errorf("%w: the connector's socket failed", procevents.ErrUnavailable)
-			}
-			seen := false
-			for _, ev := range evs {
-				rec.Apply(ev)
-				seen = seen || (ev.Kind == procevents.Fork && ev.ParentPID == self && !ev.Thread())
-			}
-			if seen {
-				return nil
-			}
-		case <-deadline:
-			return fmt.Errorf("%w: subscribed, but no event arrived for a probe's fork within %v (a network namespace other than the host's: the connector speaks only to the initial one)", procevents.ErrUnavailable, probeTimeout)
-		}
+	if err := f.l.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
+		return false, fmt.Errorf("%w: the connector's socket: %w", procevents.ErrUnavailable, err)
 	}
-}
-
-// receive reads events until the listener is closed.
-func receive(l *procevents.Listener, batches chan<- []procevents.Event, lost chan<- struct{}) {
-	defer close(batches)
+	defer f.l.SetDeadline(time.Time{})
 	for {
-		evs, err := l.Receive(nil)
-		if len(evs) > 0 {
-			batches <- evs
+		evs, err := f.l.Receive(f.buf[:0])
+		f.rec.ApplyBatch(evs, time.Now())
+		for _, ev := range evs {
+			if ev.Kind == procevents.Fork && ev.ParentPID == self && !ev.Thread() {
+				return lost, nil
+			}
 		}
 		switch {
 		case errors.Is(err, procevents.ErrLost):
-			select {
-			case lost <- struct{}{}:
-			default:
-			}
+			lost = true
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return lost, fmt.Errorf("%w: subscribed, but no event arrived for a probe's fork within %v (a network namespace other than the host's: the connector speaks only to the initial one)", procevents.ErrUnavailable, probeTimeout)
 		case err != nil:
-			return
+			return lost, fmt.Errorf("%w: the connector's socket failed: %w", procevents.ErrUnavailable, err)
 		}
 	}
 }
 
-// apply feeds the record and checks the exits that settled. The timer
-// runs only while exits wait: an idle node wakes nothing.
-func apply(ctx context.Context, rec *Record, st *Status, batches <-chan []procevents.Event, lost <-chan struct{}, logger *slog.Logger) {
-	flush := time.NewTimer(flushEvery)
-	flush.Stop()
-	armed := false
-	var lastLog time.Time
+// run receives and applies events until the listener is closed.
+func (f *follower) run(ctx context.Context) {
+	var lastLog, lastWake time.Time
 	for {
-		select {
-		case evs, ok := <-batches:
-			if !ok {
-				if ctx.Err() == nil {
-					logger.Error("The process events stopped: the fork record no longer follows the kernel")
-					st.up.Store(false)
-				}
-				return
-			}
-			for _, ev := range evs {
-				rec.Apply(ev)
-			}
-			if !armed && rec.Pending() {
-				flush.Reset(flushEvery)
-				armed = true
-			}
-		case <-lost:
-			n := st.lost.Add(1)
-			if time.Since(lastLog) >= lostLogEvery {
-				logger.Warn("Process events were lost (a fork storm filled the socket's buffer): resynchronising the fork record from /proc; what it had proven is dropped", "times", n)
-				lastLog = time.Now()
-			}
-			if err := rec.Resync(); err != nil {
-				logger.Warn("Resynchronising the fork record failed", "err", err)
-			}
-		case now := <-flush.C:
-			armed = false
-			rec.FlushExits(now)
-			if rec.Pending() {
-				flush.Reset(flushEvery)
-				armed = true
-			}
+		evs, err := f.l.Receive(f.buf[:0])
+		now := time.Now()
+		if len(evs) > 0 && f.rec.ApplyBatch(evs, now) {
+			f.armFlush()
 		}
+		switch {
+		case errors.Is(err, procevents.ErrLost):
+			n := f.st.lost.Add(1)
+			if now.Sub(lastLog) >= lostLogEvery {
+				f.logger.Warn("Process events were lost (a fork storm filled the socket's buffer): resynchronising the fork record from /proc; what it had proven is dropped", "times", n)
+				lastLog = now
+			}
+			if err := f.rec.Resync(); err != nil {
+				f.logger.Warn("Resynchronising the fork record failed", "err", err)
+			}
+			if f.rec.Pending() {
+				f.armFlush()
+			}
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				f.logger.Error("The process events stopped: the fork record no longer follows the kernel", "err", err)
+				f.st.up.Store(false)
+			}
+			return
+		}
+		if len(evs) == 0 || len(evs) >= procevents.ReceiveBatch/2 {
+			continue // more are waiting
+		}
+		// Events keep coming (this wake follows the last closely): let
+		// them gather.
+		busy := now.Sub(lastWake) < 2*coalesce
+		lastWake = now
+		if busy {
+			time.Sleep(coalesce)
+		}
+	}
+}
+
+// armFlush starts the exit timer unless it runs: it runs only while exits
+// wait, so that an idle node wakes nothing.
+func (f *follower) armFlush() {
+	if f.armed.CompareAndSwap(false, true) {
+		f.flush.Reset(flushEvery)
+	}
+}
+
+// flushExits checks the exits that settled, and runs again while some
+// wait.
+func (f *follower) flushExits() {
+	f.rec.FlushExits(time.Now())
+	f.armed.Store(false)
+	if f.rec.Pending() {
+		f.armFlush()
 	}
 }

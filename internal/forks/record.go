@@ -4,6 +4,20 @@
 // collector's proof that a holder of a dead owner's GPU inherited the
 // owner's own open files, rather than opening the device itself: a fork
 // copies the parent's descriptors; an exec or a later open replaces them.
+//
+// The record costs little under a fork storm. Events arrive in the order
+// they happened, so between its fork event and its exit event a PID names
+// one process: a process is recorded at its fork by PID alone, linked to
+// the record's process that forked it, and its start time (its identity
+// with the PID, which a snapshot compares) is read from /proc only when
+// it is needed: when it forks its first child, when a snapshot watches or
+// asks about it. A read is checked against the fork event's time, so
+// that a process that took the PID after the recorded one died is never
+// taken for it. Threads are counted from the events, so that the exit of
+// a process seen from its fork costs no read either; what was found in
+// /proc instead (at start-up, after lost events) is checked in /proc when
+// it exits, as is a process whose exit matters (it leaves children, or a
+// snapshot watches it).
 package forks
 
 import (
@@ -11,6 +25,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/procevents"
@@ -24,14 +40,43 @@ type Key struct {
 	Start uint64
 }
 
-// entry is what the record knows of one process.
-type entry struct {
-	parent Key
+// node is what the record knows of one process.
+type node struct {
+	pid int
+	// start is its start time, when known: read from /proc, checked to be
+	// this process's.
+	start uint64
+	// forkTS is when its fork event was sent (CLOCK_MONOTONIC ns); 0 for a
+	// process found in /proc.
+	forkTS uint64
+	// parent is the process that forked it, as the events named it; nil
+	// when not known.
+	parent *node
+	// gen tells a node apart from its reuse for another process, across
+	// an unlock.
+	gen uint64
+	// kids counts the nodes whose parent this is.
+	kids int
+	// threads counts its live threads, from the events, while counted.
+	threads int
+	// quietUntil: seen holding no GPU device, its children's execs are
+	// not checked until then (UnixNano); quietFor is the next such spell.
+	quietUntil int64
+	quietFor   time.Duration
+	known      bool
+	// unresolvable: its start time could not be read while it lived (it
+	// was gone, or the PID was another process's).
+	unresolvable bool
 	// atFork: the fork event said who the parent is, as it happened. A
 	// process found in /proc (at start-up, after lost events) has only
 	// its present parent, which is not evidence of descent (a reparented
 	// child names init or a subreaper).
 	atFork bool
+	// counted: every thread of it was seen created, so that threads says
+	// when it died. A process found in /proc is not, nor is one whose
+	// PID was live in the record at its fork (another's exit event may
+	// still come with that PID).
+	counted bool
 	// execed: it ran exec after the fork.
 	execed bool
 	// keptFiles: when it ran exec, it still shared an open file of a GPU
@@ -41,40 +86,57 @@ type entry struct {
 	dead bool
 	// leaderGone: its main thread exited while others may run on.
 	leaderGone bool
-	kids       int
 }
 
-// Record is the fork record. It is safe for concurrent use.
+func (n *node) key() Key { return Key{n.pid, n.start} }
+
+// Record is the fork record. It is safe for concurrent use; ApplyBatch is
+// called by one goroutine at a time (Follow's).
 type Record struct {
 	fs proc.FS
 
-	mu      sync.Mutex
-	entries map[Key]*entry
-	// live maps each live PID to its start time.
-	live map[int]uint64
-	// deadByPID counts, per PID, the dead processes kept in entries.
+	mu sync.Mutex
+	// live maps each live PID to its process.
+	live map[int]*node
+	// dead are the dead processes that a recorded process descends from;
+	// deadByKey indexes those whose start time is known, deadByPID counts
+	// them all per PID.
+	dead      map[*node]struct{}
+	deadByKey map[Key]*node
 	deadByPID map[int]int
-	// exiting are PIDs whose exit events arrived, checked once they had
-	// time to finish exiting (flushExits).
+	// exiting are PIDs whose exit events arrived, checked in /proc once
+	// they had time to finish exiting (FlushExits).
 	exiting map[int]time.Time
 	// devices are the GPUs' device nodes, for the exec check.
 	devices []proc.Device
-	// quiet caches parents seen holding no GPU device, so that a fork
-	// storm of a shell costs one read per parent per quietFor.
-	quiet map[Key]time.Time
-	// watched are processes whose exit is worth a snapshot now.
-	watched map[Key]bool
+	// watched are processes whose exit is worth a snapshot now: PID to
+	// start time.
+	watched map[int]uint64
 	onExit  func(Key)
+	// free holds released nodes for reuse; nodes counts allocations, for
+	// gen.
+	free  []*node
+	nodes uint64
+	// bootOffset is CLOCK_BOOTTIME less CLOCK_MONOTONIC (ns), read at
+	// offsetAt: start times count from boot, event times do not count
+	// suspended time.
+	bootOffset int64
+	offsetAt   time.Time
 	// resyncs counts the resyncs after lost events; events the events
 	// applied.
 	resyncs uint64
 	events  uint64
 }
 
-// quietFor is how long a parent seen holding no GPU device is not read
-// again when its children exec: a shell's fork-and-exec storm costs a few
-// reads a second, and a parent that opens the GPU is read again soon.
-const quietFor = 250 * time.Millisecond
+// quietFirst is how long a parent seen holding no GPU device is not read
+// again when its children exec, doubled each time it is seen so up to
+// quietMax: a shell's fork-and-exec storm costs a read of the shell's
+// descriptors every few seconds. A parent that runs exec itself, or that a
+// snapshot found holding a GPU, is read at its children's next exec.
+const (
+	quietFirst = 250 * time.Millisecond
+	quietMax   = 4 * time.Second
+)
 
 // exitSettle is how long after an exit event a process is checked: the
 // event is sent while the task is still exiting.
@@ -83,16 +145,23 @@ const exitSettle = 20 * time.Millisecond
 // maxDepth bounds a walk up the record.
 const maxDepth = 256
 
+// maxFree bounds the released nodes kept for reuse.
+const maxFree = 1024
+
+// ticksPerSecond is USER_HZ, the unit of /proc/PID/stat's start time: 100
+// on every Linux architecture.
+const ticksPerSecond = 100
+
 // New returns an empty record reading /proc through fs.
 func New(fs proc.FS) *Record {
 	return &Record{
 		fs:        fs,
-		entries:   map[Key]*entry{},
-		live:      map[int]uint64{},
+		live:      map[int]*node{},
+		dead:      map[*node]struct{}{},
+		deadByKey: map[Key]*node{},
 		deadByPID: map[int]int{},
 		exiting:   map[int]time.Time{},
-		quiet:     map[Key]time.Time{},
-		watched:   map[Key]bool{},
+		watched:   map[int]uint64{},
 	}
 }
 
@@ -104,20 +173,48 @@ func (r *Record) SetDevices(devs []proc.Device) {
 }
 
 // Watch sets the processes whose exit calls onExit (the owners and holders
-// of the latest snapshot).
+// of the latest snapshot). Their start times are read now when the record
+// does not know them yet, while they live: a watched owner that dies is
+// then named exactly.
 func (r *Record) Watch(keys []Key, onExit func(Key)) {
-	w := make(map[Key]bool, len(keys))
+	w := make(map[int]uint64, len(keys))
 	for _, k := range keys {
-		w[k] = true
+		w[k.PID] = k.Start
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.watched, r.onExit = w, onExit
+	r.mu.Unlock()
+	for _, k := range keys {
+		r.lookup(k)
+		r.mu.Unlock()
+	}
+}
+
+// alloc returns a zeroed node with a new gen. Called with the lock held.
+func (r *Record) alloc() *node {
+	var n *node
+	if k := len(r.free); k > 0 {
+		n, r.free = r.free[k-1], r.free[:k-1]
+	} else {
+		n = &node{}
+	}
+	r.nodes++
+	n.gen = r.nodes
+	return n
+}
+
+// release forgets n, which no node names as its parent any more.
+func (r *Record) release(n *node) {
+	*n = node{}
+	if len(r.free) < maxFree {
+		r.free = append(r.free, n)
+	}
 }
 
 // Seed adds every process alive now with its present parent, as not seen
-// at fork. Call it after subscribing, so that nothing forked meanwhile is
-// missed.
+// at fork (a present parent is no evidence of descent: it may have
+// adopted it), so that a parent that dies leaving them is seen doing so.
+// Call it after subscribing, so that nothing forked meanwhile is missed.
 func (r *Record) Seed() error {
 	pids, err := r.fs.PIDs()
 	if err != nil {
@@ -131,101 +228,159 @@ func (r *Record) Seed() error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.readBootOffset(time.Now())
+	var seeded []*node
 	for pid, st := range stats {
-		k := Key{pid, st.StartTime}
-		if cur, ok := r.live[pid]; ok && cur == k.Start {
-			continue // an event already recorded it
+		if n := r.live[pid]; n != nil {
+			if n.known && n.start == st.StartTime {
+				continue // an event already recorded it
+			}
+			if !n.known && r.startedBy(st.StartTime, n.forkTS) {
+				n.start, n.known = st.StartTime, true
+				continue
+			}
+			r.die(n)
 		}
-		if cur, ok := r.live[pid]; ok {
-			r.die(Key{pid, cur})
+		n := r.alloc()
+		n.pid, n.start, n.known = pid, st.StartTime, true
+		r.live[pid] = n
+		seeded = append(seeded, n)
+	}
+	for _, n := range seeded {
+		st := stats[n.pid]
+		pst, ok := stats[st.PPID]
+		if p := r.live[st.PPID]; ok && p != nil && p.known && p.start == pst.StartTime && p != n {
+			n.parent = p
+			p.kids++
 		}
-		r.live[pid] = k.Start
-		parent := Key{st.PPID, 0}
-		if pst, ok := stats[st.PPID]; ok {
-			parent.Start = pst.StartTime
-		}
-		r.add(k, &entry{parent: parent})
 	}
 	return nil
 }
 
 // Resync follows lost events: what was missed is unknown (an exec, a
-// fork), so every entry loses its proof of descent, the dead are found
-// and pruned, and the living are seeded anew.
+// fork, a thread), so every entry loses its proof of descent and its
+// thread count, the dead are found and pruned, and the living are seeded
+// anew.
 func (r *Record) Resync() error {
+	type seen struct {
+		n      *node
+		gen    uint64
+		known  bool
+		start  uint64
+		forkTS uint64
+	}
 	r.mu.Lock()
 	r.resyncs++
-	for _, e := range r.entries {
-		e.atFork = false
+	live := make([]seen, 0, len(r.live))
+	for _, n := range r.live {
+		n.atFork, n.counted = false, false
+		live = append(live, seen{n, n.gen, n.known, n.start, n.forkTS})
 	}
-	live := make(map[int]uint64, len(r.live))
-	for pid, start := range r.live {
-		live[pid] = start
+	for n := range r.dead {
+		n.atFork = false
 	}
 	r.mu.Unlock()
-	for pid, start := range live {
-		st, err := r.fs.ReadStat(pid)
-		if err == nil && st.StartTime == start {
-			continue
-		}
+	for _, s := range live {
+		st, err := r.fs.ReadStat(s.n.pid)
 		r.mu.Lock()
-		if r.live[pid] == start {
-			r.die(Key{pid, start})
+		if s.n.gen == s.gen && r.live[s.n.pid] == s.n {
+			switch {
+			case err == nil && s.known && st.StartTime == s.start:
+			case err == nil && !s.known && r.startedBy(st.StartTime, s.forkTS):
+				s.n.start, s.n.known = st.StartTime, true
+			default:
+				r.die(s.n)
+			}
 		}
 		r.mu.Unlock()
 	}
 	return r.Seed()
 }
 
-// add records e for k and counts it as its parent's child. A process
-// recorded again (seeded, then its fork event) keeps its children.
-func (r *Record) add(k Key, e *entry) {
-	if old, ok := r.entries[k]; ok {
-		e.kids = old.kids
-		if p := r.entries[old.parent]; p != nil {
-			p.kids--
-			defer r.prune(old.parent)
-		}
+// link names n's parent: the live process with PID parent, unless it
+// started after n's fork event (ts). Its start time is read now if not
+// known, while it lives (or waits to be reaped): once per parent.
+func (r *Record) link(n *node, parent int, ts uint64) {
+	p := r.live[parent]
+	if p == nil {
+		return // a parent never seen names nobody for certain
 	}
-	r.entries[k] = e
-	if p := r.entries[e.parent]; p != nil {
-		p.kids++
-	}
-}
-
-// die marks k dead, forgets its PID as live, and prunes what no live
-// process needs.
-func (r *Record) die(k Key) {
-	if r.live[k.PID] == k.Start {
-		delete(r.live, k.PID)
-	}
-	e := r.entries[k]
-	if e == nil || e.dead {
-		return
-	}
-	e.dead = true
-	r.deadByPID[k.PID]++
-	r.prune(k)
-}
-
-// prune drops dead entries that nothing recorded descends from, up the
-// line.
-func (r *Record) prune(k Key) {
-	for range maxDepth {
-		e := r.entries[k]
-		if e == nil || !e.dead || e.kids > 0 {
+	switch {
+	case p.known:
+		if !r.startedBy(p.start, ts) {
+			// Found in /proc after the real parent died and its PID
+			// was reused: not the parent.
 			return
 		}
-		delete(r.entries, k)
-		if r.deadByPID[k.PID]--; r.deadByPID[k.PID] <= 0 {
-			delete(r.deadByPID, k.PID)
+	case !p.unresolvable:
+		// Seen at its own fork: by the order of the events it is n's
+		// parent, whether or not it can still be read.
+		if start, ok := r.readStart(p.pid, p.forkTS); ok {
+			p.start, p.known = start, true
+		} else {
+			p.unresolvable = true
 		}
-		p := r.entries[e.parent]
+	}
+	n.parent, n.atFork = p, true
+	p.kids++
+}
+
+// unlink forgets n's parent, and prunes it if that was all it was kept
+// for.
+func (r *Record) unlink(n *node) {
+	p := n.parent
+	if p == nil {
+		return
+	}
+	n.parent, n.atFork = nil, false
+	p.kids--
+	r.prune(p)
+}
+
+// die marks n dead, forgets its PID as live, and prunes what no live
+// process needs.
+func (r *Record) die(n *node) {
+	if r.live[n.pid] == n {
+		delete(r.live, n.pid)
+	}
+	if n.dead {
+		return
+	}
+	n.dead = true
+	if n.kids > 0 {
+		r.dead[n] = struct{}{}
+		r.deadByPID[n.pid]++
+		if n.known {
+			r.deadByKey[n.key()] = n
+		}
+		return
+	}
+	r.unlink(n)
+	r.release(n)
+}
+
+// prune drops dead nodes that nothing recorded descends from, up the
+// line.
+func (r *Record) prune(n *node) {
+	for range maxDepth {
+		if n == nil || !n.dead || n.kids > 0 {
+			return
+		}
+		// Kept when it died (die), since it had children then.
+		delete(r.dead, n)
+		if r.deadByKey[n.key()] == n {
+			delete(r.deadByKey, n.key())
+		}
+		if r.deadByPID[n.pid]--; r.deadByPID[n.pid] <= 0 {
+			delete(r.deadByPID, n.pid)
+		}
+		p := n.parent
+		r.release(n)
 		if p == nil {
 			return
 		}
 		p.kids--
-		k = e.parent
+		n = p
 	}
 }
 
@@ -242,16 +397,17 @@ type Counts struct {
 func (r *Record) Counts() Counts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Counts{Live: len(r.live), Entries: len(r.entries), Events: r.events, Resyncs: r.resyncs}
+	return Counts{Live: len(r.live), Entries: len(r.live) + len(r.dead), Events: r.events, Resyncs: r.resyncs}
 }
 
 // Why a holder's descent proves nothing (Inherits).
 var (
-	ErrNotRecorded = errors.New("its fork was not recorded")
-	ErrNotAtFork   = errors.New("a process on its line was found in /proc rather than seen forking (present before the daemon started, or after lost events)")
-	ErrExeced      = errors.New("it or a process on its line ran exec since the fork, dropping the inherited files")
-	ErrNotFromThe  = errors.New("it does not descend from the dead owner")
-	ErrAmbiguous   = errors.New("more than one dead process had the owner's PID, and which one NVML lists is not known")
+	ErrNotRecorded  = errors.New("its fork was not recorded")
+	ErrNotAtFork    = errors.New("a process on its line was found in /proc rather than seen forking (present before the daemon started, or after lost events)")
+	ErrExeced       = errors.New("it or a process on its line ran exec since the fork, dropping the inherited files")
+	ErrNotFromThe   = errors.New("it does not descend from the dead owner")
+	ErrAmbiguous    = errors.New("more than one dead process had the owner's PID, and which one NVML lists is not known")
+	ErrOwnerNotRead = errors.New("the process with the owner's PID on its line died before its start time was read: whether it is the owner a snapshot saw is not known")
 )
 
 // Inherits reports whether h descends, fork by fork as the kernel reported
@@ -262,161 +418,242 @@ var (
 // another dead process with that PID (its PID was reused). It returns the
 // owner as found.
 func (r *Record) Inherits(h Key, owner int, ownerStart uint64) (Key, error) {
-	p, marked, err := r.lineTo(h, owner, ownerStart)
+	p, err := r.lineTo(h, owner, ownerStart)
 	if err != nil {
 		return Key{}, err
 	}
 	// Its exit may still wait for FlushExits: /proc says, read outside
 	// the lock that the events' goroutine takes.
-	if !marked && r.alive(p.PID, p.Start) {
-		return Key{}, ErrNotFromThe
+	if !p.dead {
+		if alive, _, _ := r.aliveNode(p.pid, p.known, p.start, p.forkTS); alive {
+			return Key{}, ErrNotFromThe
+		}
 	}
 	if ownerStart != 0 {
-		return p, nil
+		return p.key(), nil
 	}
 	r.mu.Lock()
 	others := r.deadByPID[owner]
 	r.mu.Unlock()
-	if marked {
+	if p.dead {
 		others--
 	}
 	if others > 0 {
 		return Key{}, ErrAmbiguous
 	}
-	return p, nil
+	return p.key(), nil
+}
+
+// lookup returns h's node, nil when the record has none, and leaves the
+// lock held. A live process whose start time is not known yet is read
+// (outside the lock) to tell whether it is h.
+func (r *Record) lookup(h Key) *node {
+	r.mu.Lock()
+	n := r.live[h.PID]
+	if n != nil && !n.known && !n.unresolvable {
+		gen, forkTS := n.gen, n.forkTS
+		r.mu.Unlock()
+		start, ok := r.readStart(h.PID, forkTS)
+		r.mu.Lock()
+		if n.gen != gen {
+			n = r.live[h.PID]
+		} else if !n.known {
+			if ok {
+				n.start, n.known = start, true
+			} else {
+				n.unresolvable = true
+			}
+		}
+	}
+	if n != nil && n.known && n.start == h.Start {
+		return n
+	}
+	return r.deadByKey[h]
 }
 
 // lineTo walks up from h, fork by fork, to the first process with PID
-// owner (and start time ownerStart when known), and says whether the
-// record has marked it dead.
-func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (Key, bool, error) {
-	r.mu.Lock()
+// owner (and start time ownerStart when known), and returns a copy of it.
+func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (node, error) {
+	n := r.lookup(h)
 	defer r.mu.Unlock()
-	k := h
 	for range maxDepth {
-		e := r.entries[k]
 		switch {
-		case e == nil:
-			return Key{}, false, ErrNotRecorded
-		case !e.atFork:
-			return Key{}, false, ErrNotAtFork
-		case e.execed && !e.keptFiles:
-			return Key{}, false, ErrExeced
+		case n == nil:
+			return node{}, ErrNotRecorded
+		case !n.atFork:
+			return node{}, ErrNotAtFork
+		case n.execed && !n.keptFiles:
+			return node{}, ErrExeced
 		}
-		p := e.parent
-		if p.PID == owner && (ownerStart == 0 || p.Start == ownerStart) {
-			pe := r.entries[p]
-			return p, pe != nil && pe.dead, nil
+		p := n.parent
+		if p.pid == owner {
+			switch {
+			case ownerStart == 0 || (p.known && p.start == ownerStart):
+				return *p, nil
+			case !p.known:
+				return node{}, ErrOwnerNotRead
+			}
 		}
-		k = p
+		n = p
 	}
-	return Key{}, false, ErrNotFromThe
+	return node{}, ErrNotFromThe
 }
 
 // ExecedChild returns the parent of h when h was seen forking from it and
 // then ran exec that could not be checked to keep the parent's files (the
 // parent was gone, or held none of the GPUs then).
 func (r *Record) ExecedChild(h Key) (Key, bool) {
-	r.mu.Lock()
+	n := r.lookup(h)
 	defer r.mu.Unlock()
-	e := r.entries[h]
-	if e == nil || !e.atFork || !e.execed || e.keptFiles {
+	if n == nil || !n.atFork || !n.execed || n.keptFiles {
 		return Key{}, false
 	}
-	return e.parent, true
+	return n.parent.key(), true
 }
 
-// Apply records one event. Reading /proc for it happens here: a child's
-// start time at its fork, its files and its parent's at its exec.
+// Apply records one event.
 func (r *Record) Apply(ev procevents.Event) {
-	switch ev.Kind {
-	case procevents.Fork:
-		if !ev.Thread() {
-			r.fork(ev.PID, ev.ParentPID)
-		}
-	case procevents.Exec:
-		r.exec(ev.PID)
-	case procevents.Exit:
-		r.mu.Lock()
-		r.events++
-		if start, ok := r.live[ev.PID]; ok {
-			e := r.entries[Key{ev.PID, start}]
-			if !ev.Thread() && e != nil {
-				e.leaderGone = true
-			}
-			if !ev.Thread() || (e != nil && e.leaderGone) {
-				r.exiting[ev.PID] = time.Now()
-			}
-		}
-		r.mu.Unlock()
-	}
+	r.ApplyBatch([]procevents.Event{ev}, time.Now())
 }
 
-func (r *Record) fork(child, parent int) {
-	st, err := r.fs.ReadStat(child)
-	if err != nil {
-		r.count()
-		return // gone already: nothing to record
-	}
-	k := Key{child, st.StartTime}
+// ApplyBatch records events received at now, in their order, and reports
+// whether exits wait for FlushExits. Reading /proc for them happens here,
+// and only where needed: a parent's start time at its first child's fork,
+// a child's at its fork while forks are rare, its files and its parent's
+// at its exec when the parent may hold a GPU device.
+func (r *Record) ApplyBatch(evs []procevents.Event, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events++
-	if cur, ok := r.live[child]; ok && cur != k.Start {
-		r.die(Key{child, cur}) // its exit event is still pending, or lost
+	if now.Sub(r.offsetAt) > 10*time.Second {
+		r.readBootOffset(now)
 	}
-	ps, ok := r.live[parent]
-	if !ok || ps > k.Start {
-		// A parent never seen (it started while events were lost) names
-		// nobody for certain.
-		r.live[child] = k.Start
-		r.add(k, &entry{parent: Key{parent, 0}})
-		return
+	for _, ev := range evs {
+		r.events++
+		switch ev.Kind {
+		case procevents.Fork:
+			r.fork(ev)
+		case procevents.Exec:
+			r.exec(ev.PID, now)
+		case procevents.Exit:
+			r.exit(ev, now)
+		}
 	}
-	r.live[child] = k.Start
-	r.add(k, &entry{parent: Key{parent, ps}, atFork: true})
+	return len(r.exiting) > 0
 }
 
-func (r *Record) count() {
-	r.mu.Lock()
-	r.events++
-	r.mu.Unlock()
+// fork records a new process or thread. Called with the lock held.
+func (r *Record) fork(ev procevents.Event) {
+	if ev.Thread() {
+		if n := r.live[ev.PID]; n != nil {
+			n.threads++
+		}
+		return
+	}
+	if old := r.live[ev.PID]; old != nil {
+		r.forkOverLive(old, ev)
+		return
+	}
+	n := r.alloc()
+	n.pid, n.forkTS, n.counted, n.threads = ev.PID, ev.Timestamp, true, 1
+	r.live[ev.PID] = n
+	r.link(n, ev.ParentPID, ev.Timestamp)
+}
+
+// forkOverLive handles a fork of a PID that the record holds as live: the
+// previous process's exit event is still on its way (its parent reaped it
+// before the kernel sent it), or was lost; or the child was found in
+// /proc before its fork event was applied. Reading the child tells.
+func (r *Record) forkOverLive(old *node, ev procevents.Event) {
+	start, ok := r.readStart(ev.PID, ev.Timestamp)
+	if !ok {
+		r.die(old) // gone already: nothing to record
+		return
+	}
+	if old.known && old.start == start {
+		// Found in /proc, now seen forking: the same process.
+		r.unlink(old)
+		old.counted = false
+		r.link(old, ev.ParentPID, ev.Timestamp)
+		return
+	}
+	r.die(old)
+	// The old process's exit event may still come, with this PID: this
+	// one's exit is checked in /proc.
+	n := r.alloc()
+	n.pid, n.start, n.known, n.forkTS = ev.PID, start, true, ev.Timestamp
+	r.live[ev.PID] = n
+	r.link(n, ev.ParentPID, ev.Timestamp)
 }
 
 // exec marks the process as having run exec, and whether it kept an open
 // file of a GPU device that its parent holds: checked only when the parent
-// holds one, so that a shell's fork-and-exec storm costs one read of the
-// shell's descriptors per quietFor.
-func (r *Record) exec(pid int) {
-	r.mu.Lock()
-	r.events++
-	start, ok := r.live[pid]
-	k := Key{pid, start}
-	e := r.entries[k]
-	if !ok || e == nil {
-		r.mu.Unlock()
+// holds one, so that a shell's fork-and-exec storm costs a read of the
+// shell's descriptors every quietMax at most. Called with the lock held,
+// which it releases while reading.
+func (r *Record) exec(pid int, now time.Time) {
+	n := r.live[pid]
+	if n == nil {
 		return
 	}
-	e.execed, e.keptFiles = true, false
-	parent, devs := e.parent, r.devices
-	quietUntil, quiet := r.quiet[parent]
-	parentLive := r.live[parent.PID] == parent.Start && parent.Start != 0
+	n.execed, n.keptFiles = true, false
+	// A new program: what it holds is read afresh at its children's exec.
+	n.quietUntil, n.quietFor = 0, 0
+	// Only a child seen forking can be proven to hold its parent's files.
+	p, devs := n.parent, r.devices
+	if !n.atFork || p.dead || len(devs) == 0 || (now.UnixNano() < p.quietUntil && !r.isWatched(p)) {
+		return
+	}
+	ngen, pgen, ppid := n.gen, p.gen, p.pid
 	r.mu.Unlock()
-	if !parentLive || len(devs) == 0 || (quiet && time.Now().Before(quietUntil)) {
+	kept, parentHolds := r.keptFiles(pid, ppid, devs)
+	r.mu.Lock()
+	if p.gen == pgen {
+		if parentHolds {
+			p.quietUntil, p.quietFor = 0, 0
+		} else {
+			p.quietFor = min(max(2*p.quietFor, quietFirst), quietMax)
+			p.quietUntil = now.Add(p.quietFor).UnixNano()
+		}
+	}
+	if n.gen == ngen && kept {
+		n.keptFiles = true
+	}
+}
+
+// exit counts a thread's exit. A process seen from its fork is dead with
+// its last thread: at once when nothing depends on its death; checked in
+// /proc once settled when it leaves children or is watched, and always
+// when it was found in /proc. Called with the lock held.
+func (r *Record) exit(ev procevents.Event, now time.Time) {
+	n := r.live[ev.PID]
+	if n == nil {
 		return
 	}
-	kept, parentHolds := r.keptFiles(pid, parent.PID, devs)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !parentHolds {
-		if len(r.quiet) > 4096 {
-			clear(r.quiet)
+	if !ev.Thread() {
+		n.leaderGone = true
+	}
+	if n.counted {
+		if n.threads--; n.threads > 0 {
+			return
 		}
-		r.quiet[parent] = time.Now().Add(quietFor)
+		if n.kids == 0 && !r.isWatched(n) {
+			r.die(n)
+			return
+		}
+		r.exiting[ev.PID] = now
+		return
 	}
-	if e := r.entries[k]; e != nil && kept {
-		e.keptFiles = true
+	if !ev.Thread() || n.leaderGone {
+		r.exiting[ev.PID] = now
 	}
+}
+
+// isWatched reports whether n's exit is worth a snapshot now; a process
+// whose start time is not known is when its PID is watched. Called with
+// the lock held.
+func (r *Record) isWatched(n *node) bool {
+	start, ok := r.watched[n.pid]
+	return ok && (!n.known || start == n.start)
 }
 
 // keptFiles reports whether child shares an open file of one of devs with
@@ -456,23 +693,36 @@ func (r *Record) FlushExits(now time.Time) {
 	var died []Key
 	for _, pid := range due {
 		r.mu.Lock()
-		start, ok := r.live[pid]
+		n := r.live[pid]
+		if n == nil {
+			r.mu.Unlock()
+			continue
+		}
+		gen, start, known, forkTS := n.gen, n.start, n.known, n.forkTS
 		r.mu.Unlock()
-		if !ok {
+		alive, read, ok := r.aliveNode(pid, known, start, forkTS)
+		if alive {
+			r.mu.Lock()
+			if n.gen == gen {
+				// An exit event of an earlier process with this PID
+				// was counted against it: count no more.
+				n.counted = false
+				if !n.known && ok {
+					n.start, n.known = read, true
+				}
+			}
+			r.mu.Unlock()
 			continue
 		}
-		if r.alive(pid, start) {
-			continue
-		}
-		k := Key{pid, start}
 		r.mu.Lock()
-		if r.live[pid] == start {
+		if n.gen == gen && r.live[pid] == n {
 			// A process that leaves live children behind may have left
 			// them its GPU context, even if no snapshot saw it yet.
-			e := r.entries[k]
-			orphaning := e != nil && e.kids > 0
-			r.die(k)
-			if r.watched[k] || orphaning {
+			orphaning := n.kids > 0
+			watched := r.isWatched(n)
+			k := n.key()
+			r.die(n)
+			if watched || orphaning {
 				died = append(died, k)
 			}
 		}
@@ -487,6 +737,17 @@ func (r *Record) FlushExits(now time.Time) {
 	}
 }
 
+// aliveNode reports whether a recorded process has a live thread, and its
+// start time as read: that of a process with its PID that started by its
+// fork event when the record did not know it (ok false when none).
+func (r *Record) aliveNode(pid int, known bool, start, forkTS uint64) (alive bool, read uint64, ok bool) {
+	if known {
+		return r.alive(pid, start), start, true
+	}
+	read, ok = r.readStart(pid, forkTS)
+	return ok && r.alive(pid, read), read, ok
+}
+
 // alive reports whether the process (pid, start) has a live thread.
 func (r *Record) alive(pid int, start uint64) bool {
 	st, err := r.fs.ReadStat(pid)
@@ -498,6 +759,46 @@ func (r *Record) alive(pid int, start uint64) bool {
 	}
 	p, ok := r.fs.Alive(pid)
 	return ok && p.StartTime == start
+}
+
+// readStart reads the start time of the process with PID pid whose fork
+// event was sent at forkTS: false when no process has that PID, or the one
+// that has it started after forkTS (the PID was given to another process
+// after the recorded one died).
+func (r *Record) readStart(pid int, forkTS uint64) (uint64, bool) {
+	st, err := r.fs.ReadStat(pid)
+	if err != nil {
+		return 0, false
+	}
+	if !r.startedBy(st.StartTime, forkTS) {
+		return 0, false
+	}
+	return st.StartTime, true
+}
+
+// startedBy reports whether a process with start time start (clock ticks
+// since boot) started no later than the event sent at ts (CLOCK_MONOTONIC
+// ns). The kernel sets a child's start time before it sends the fork
+// event. Two processes that started in the same tick have the same key,
+// and are not told apart here either. An event without a time (ts 0)
+// proves nothing.
+func (r *Record) startedBy(start, ts uint64) bool {
+	if ts == 0 {
+		return false
+	}
+	return int64(start)*(1e9/ticksPerSecond) <= int64(ts)+r.bootOffset
+}
+
+// readBootOffset reads CLOCK_BOOTTIME less CLOCK_MONOTONIC: the time the
+// machine spent suspended. It only grows, so that an older reading only
+// makes startedBy stricter. Called with the lock held.
+func (r *Record) readBootOffset(now time.Time) {
+	var boot, mono unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot) != nil || unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono) != nil {
+		return
+	}
+	// Read in that order, the offset is never larger than the truth.
+	r.bootOffset, r.offsetAt = max(r.bootOffset, boot.Nano()-mono.Nano()), now
 }
 
 // Pending reports whether exit events wait for FlushExits.

@@ -168,8 +168,13 @@ func childrenOf(r *Record, parent Key) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
-	for _, e := range r.entries {
-		if e.parent == parent {
+	for _, e := range r.live {
+		if e.parent != nil && e.parent.key() == parent {
+			n++
+		}
+	}
+	for e := range r.dead {
+		if e.parent != nil && e.parent.key() == parent {
 			n++
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A real child: its fork, exec and exit arrive, with our PID as the parent.
@@ -32,10 +34,12 @@ func TestListenRealChild(t *testing.T) {
 			got <- append([]Event(nil), buf...)
 		}
 	}()
+	before := monotonic(t)
 	cmd := exec.Command("sleep", "0.05")
 	if err := cmd.Run(); err != nil {
 		t.Fatal(err)
 	}
+	after := monotonic(t)
 	child := cmd.Process.Pid
 	seen := map[Kind]bool{}
 	deadline := time.After(10 * time.Second)
@@ -55,12 +59,26 @@ func TestListenRealChild(t *testing.T) {
 				if e.Thread() {
 					t.Errorf("%v of %d is a thread's: TID %d", e.Kind, child, e.TID)
 				}
+				// The kernel stamps events with CLOCK_MONOTONIC, which the
+				// fork record compares with start times.
+				if e.Timestamp < before || e.Timestamp > after {
+					t.Errorf("%v of %d stamped %d, not within the child's run [%d, %d] of CLOCK_MONOTONIC", e.Kind, child, e.Timestamp, before, after)
+				}
 				seen[e.Kind] = true
 			}
 		case <-deadline:
 			t.Fatalf("timed out; seen %v for child %d", seen, child)
 		}
 	}
+}
+
+func monotonic(t *testing.T) uint64 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
 }
 
 func TestParse(t *testing.T) {
@@ -86,6 +104,11 @@ func TestParse(t *testing.T) {
 		{"thread", msg(Fork, 10, 10, 13, 10), Event{Kind: Fork, ParentPID: 10, TID: 13, PID: 10}, true},
 		{"exec", msg(Exec, 12, 12), Event{Kind: Exec, TID: 12, PID: 12}, true},
 		{"exit", msg(Exit, 14, 12, 0, 17, 1, 1), Event{Kind: Exit, TID: 14, PID: 12}, true},
+		{"timestamp", func() []byte {
+			b := msg(Exit, 14, 12)
+			binary.NativeEndian.PutUint64(b[cnMsgLen+8:], 123456789)
+			return b
+		}(), Event{Kind: Exit, TID: 14, PID: 12, Timestamp: 123456789}, true},
 		{"uid change dropped", msg(0x4, 12, 12, 0, 0), Event{}, false},
 		{"short", msg(Fork, 10, 10)[:cnMsgLen+procEventHdrLen+8], Event{}, false},
 		{"truncated", []byte{1, 0, 0}, Event{}, false},
@@ -96,6 +119,45 @@ func TestParse(t *testing.T) {
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("%s: Parse = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// A datagram may hold more than one netlink message; a length past the
+// datagram ends it.
+func TestAppendMessages(t *testing.T) {
+	nl := func(payload []byte) []byte {
+		n := unix.SizeofNlMsghdr + len(payload)
+		b := make([]byte, (n+3)&^3)
+		binary.NativeEndian.PutUint32(b[0:], uint32(n))
+		binary.NativeEndian.PutUint16(b[4:], unix.NLMSG_DONE)
+		copy(b[unix.SizeofNlMsghdr:], payload)
+		return b
+	}
+	cn := func(kind Kind, fields ...uint32) []byte {
+		b := make([]byte, cnMsgLen+procEventHdrLen+4*len(fields))
+		ne := binary.NativeEndian
+		ne.PutUint32(b[0:], cnIdxProc)
+		ne.PutUint32(b[4:], cnValProc)
+		ne.PutUint16(b[16:], uint16(procEventHdrLen+4*len(fields)))
+		ne.PutUint32(b[cnMsgLen:], uint32(kind))
+		for i, f := range fields {
+			ne.PutUint32(b[cnMsgLen+procEventHdrLen+4*i:], f)
+		}
+		return b
+	}
+	two := append(nl(cn(Fork, 1, 1, 5, 5)), nl(cn(Exit, 5, 5))...)
+	got := appendMessages(nil, two)
+	want := []Event{{Kind: Fork, ParentPID: 1, TID: 5, PID: 5}, {Kind: Exit, TID: 5, PID: 5}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("two messages: %+v, want %+v", got, want)
+	}
+	bad := nl(cn(Exec, 7, 7))
+	binary.NativeEndian.PutUint32(bad[0:], uint32(len(bad)+4))
+	if got := appendMessages(nil, bad); len(got) != 0 {
+		t.Errorf("a length past the datagram: %+v, want nothing", got)
+	}
+	if got := appendMessages(nil, two[:10]); len(got) != 0 {
+		t.Errorf("a datagram shorter than a header: %+v, want nothing", got)
 	}
 }
 
