@@ -50,22 +50,21 @@ func (d *Dir) OpenFile(name string, flag int, perm os.FileMode) (*os.File, error
 		}
 		return nil, fmt.Errorf("%s %s: %w", d.n.File, path, err)
 	}
-	f := os.NewFile(uintptr(fd), path)
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s %s: %w", d.n.File, path, err)
 	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
 		return nil, fmt.Errorf("%s %s is not a file: move it away, or give %s elsewhere", d.n.File, path, d.n.Flag)
 	}
 	// O_NONBLOCK kept a FIFO from blocking the open; a file needs none.
 	if err := clearNonblock(fd); err != nil {
-		f.Close()
-		return nil, err
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s %s: %w", d.n.File, path, err)
 	}
-	return f, nil
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 func clearNonblock(fd int) error {
