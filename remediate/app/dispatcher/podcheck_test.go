@@ -1,7 +1,9 @@
 package dispatcher
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -100,11 +102,28 @@ func TestPodsForbiddenFailsStart(t *testing.T) {
 	a := newAgentListener(t)
 	applyAgent(t, api, "node-a", a, ptr.To(true))
 	api.ForbidPods(true)
-	o := app.Options{Web: webConfig(t), Auth: intake.AuthConfig{InsecureNone: true}, NodeLabel: "node",
+	wc := webConfig(t)
+	o := app.Options{Web: wc, Auth: intake.AuthConfig{InsecureNone: true}, NodeLabel: "node",
 		StorePath: t.TempDir() + "/d.db",
 		Dispatch: app.Dispatch{Timeout: time.Second, Kubernetes: app.Kubernetes{Service: agentsService, Namespace: agentsNamespace,
 			PortName: "remediator", Scheme: "http", Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second}}}
-	err := Run(t.Context(), o, Escalate{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o, Escalate{}) }()
+	var err error
+	testenv.Eventually(t, 20*time.Second, "the dispatcher to refuse to start", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+		}
+		if resp, e := http.Get("http://" + (*wc.WebListenAddresses)[0] + "/-/healthy"); e == nil {
+			resp.Body.Close()
+			t.Fatal("the dispatcher started without RBAC get on pods")
+		}
+		return false
+	})
 	for _, says := range []string{"get on pods", "daemonsets"} {
 		if err == nil || !strings.Contains(err.Error(), says) {
 			t.Errorf("Run without RBAC for pods: %v; want it to say %q", err, says)
