@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -22,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -200,5 +198,5 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *u
 	return nil
 }
 
-var _ = schema.GroupVersionResource{}
-var _ = time.Second
+// rbacSubset is objs, for apply and remove.
+func rbacSubset(objs ...*unstructured.Unstructured) []*unstructured.Unstructured { return objs }
