@@ -36,7 +36,7 @@ const DefaultStorePath = "/var/lib/gpu-orphan/remediator.db"
 // default port each binary gives; call Finish after parsing.
 func AddServerFlags(a *kingpin.Application, o *app.Options) *Server {
 	s := &Server{o: o, log: &promslog.Config{}}
-	a.Flag("auth.token-file", "File holding the bearer token that callers must send (Authorization: Bearer ...). Client certificates verified through --web.config.file are accepted too.").StringVar(&o.Auth.TokenFile)
+	a.Flag("auth.token-file", "File holding the bearer token that callers must send (Authorization: Bearer ...). Client certificates verified through --web.config.file are accepted too. On a node agent it is also the fleet's secret: gpu-orphan-dispatcher, with the same token in --dispatch.token-file, signs each request for --node.name with a key derived from it, and never sends the token.").StringVar(&o.Auth.TokenFile)
 	a.Flag("auth.insecure-none", "Accept requests without any authentication. Only for local experiments. A request without a credential is then served only under the remediator's own names (--web.external-url's host, the listen address's), IP addresses and localhost (DNS rebinding): a webhook URL with a name needs that name in --web.external-url.").BoolVar(&o.Auth.InsecureNone)
 	cli.Float64Var(a.Flag("auth.failures-per-minute", "Failed authentications allowed per source and minute before it gets 429.").Default("10"), &o.Auth.FailuresPerMinute)
 	cli.BytesVar(a.Flag("web.max-body-bytes", "Largest webhook body accepted; larger ones get 413. Bytes, or a size with a unit: 1MiB.").Default("1MiB"), &s.maxBody)
