@@ -27,27 +27,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 )
 
-func TestMain(m *testing.M) {
-	code := kubereal.Main(m)
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-var binDir string
-
-// bin is testenv.Bin, remembering its temp dir for TestMain to remove.
-func bin(t *testing.T, name string) string {
-	t.Helper()
-	p := testenv.Bin(t, name)
-	binDir = filepath.Dir(p)
-	return p
-}
+func TestMain(m *testing.M) { os.Exit(kubereal.Main(m)) }
 
 const chartDir = "../../charts/gpu-orphan"
 
