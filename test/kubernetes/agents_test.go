@@ -331,10 +331,27 @@ var (
 	alertSeq int
 )
 
+// postAlertsNoFatal is postAlerts for another goroutine: nil on error.
+func postAlertsNoFatal(base string, nodes ...string) map[string]int {
+	res, err := post(base, nodes...)
+	if err != nil {
+		return nil
+	}
+	return res
+}
+
 // postAlerts posts one webhook with a firing alert per node to the
 // dispatcher at base, and returns the counts by result.
 func postAlerts(t *testing.T, base string, nodes ...string) map[string]int {
 	t.Helper()
+	res, err := post(base, nodes...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func post(base string, nodes ...string) (map[string]int, error) {
 	var alerts []map[string]any
 	alertMu.Lock()
 	for _, node := range nodes {
@@ -351,7 +368,7 @@ func postAlerts(t *testing.T, base string, nodes ...string) map[string]int {
 		"externalURL": "http://alertmanager", "alerts": alerts})
 	resp, err := http.Post(base+"/api/v1/alerts", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -359,9 +376,9 @@ func postAlerts(t *testing.T, base string, nodes ...string) map[string]int {
 		Results map[string]int `json:"results"`
 	}
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &reply) != nil {
-		t.Fatalf("webhook: %d %s", resp.StatusCode, b)
+		return nil, fmt.Errorf("webhook: %d %s", resp.StatusCode, b)
 	}
-	return reply.Results
+	return reply.Results, nil
 }
 
 // TestChartDispatcherDiscovery: the dispatcher, with the chart's RBAC only
