@@ -2,12 +2,17 @@
 // connector: NETLINK_CONNECTOR, group CN_IDX_PROC) as they happen: every
 // fork, exec, setsid and exit on the node.
 //
-// The netlink socket, its options and its subscription come from
-// github.com/mdlayher/netlink. Events are read here, through the socket's
-// syscall.RawConn: the connector sends each event as one datagram, and
-// mdlayher/netlink reads one datagram per call after peeking at its size
-// (two system calls and an allocation per event), which under a fork storm
-// cost a core. Listener.Receive takes up to receiveBatch datagrams in one
+// The netlink messages are framed with github.com/mdlayher/netlink
+// (netlink.Message). The socket itself is opened and read here, with
+// golang.org/x/sys/unix: the connector sends each event as one datagram,
+// and a fork storm sends tens of thousands a second. mdlayher/netlink's
+// Conn reads one datagram per call after peeking at its size (two system
+// calls and an allocation per event), and like any os.File socket it
+// registers with the Go runtime's poller, whose epoll wakes the process
+// for every datagram that arrives, even while nobody reads: on the H200,
+// that alone cost a daemon more than 10% of a core under a storm. Here the
+// socket stays out of the runtime's poller: Receive waits in poll(2) only
+// while it waits, and then takes up to ReceiveBatch datagrams in one
 // recvmmsg(2) into buffers it reuses. The connector's own messages (struct
 // cn_msg and struct proc_event of <linux/connector.h> and
 // <linux/cn_proc.h>) are decoded here: no well-kept Go library decodes
@@ -22,6 +27,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -109,8 +116,16 @@ const (
 
 // Listener receives process events.
 type Listener struct {
-	conn *netlink.Conn
-	rc   syscall.RawConn
+	// fd is the netlink socket, blocking and outside the runtime's
+	// poller; wake an eventfd that Close writes to end a waiting Receive.
+	fd, wake int
+	port     uint32
+	closed   atomic.Bool
+	deadline atomic.Int64 // UnixNano; 0: none
+	// mu is held by Receive, so that Close closes the descriptors only
+	// once no Receive uses them.
+	mu        sync.Mutex
+	closeOnce sync.Once
 	// The recvmmsg(2) vector, its buffers and the senders' addresses,
 	// allocated once.
 	msgs  []unix.Mmsghdr
@@ -126,22 +141,31 @@ type Listener struct {
 // nothing ever arrives, which Listen cannot tell), or on a kernel without
 // CONFIG_PROC_EVENTS.
 func Listen() (*Listener, error) {
-	conn, err := netlink.Dial(unix.NETLINK_CONNECTOR, &netlink.Config{Groups: cnIdxProc})
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
 	if err != nil {
-		return nil, fmt.Errorf("%w: opening the connector's socket: %w", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: opening the connector's socket: %w", ErrUnavailable, os.NewSyscallError("socket", err))
 	}
-	rc, err := conn.SyscallConn()
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: cnIdxProc}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: opening the connector's socket: %w", ErrUnavailable, os.NewSyscallError("bind", err))
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("%w: the connector's socket: %w", ErrUnavailable, err)
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, os.NewSyscallError("eventfd", err))
 	}
 	l := &Listener{
-		conn:  conn,
-		rc:    rc,
+		fd:    fd,
+		wake:  wake,
 		msgs:  make([]unix.Mmsghdr, ReceiveBatch),
 		iovs:  make([]unix.Iovec, ReceiveBatch),
 		names: make([]unix.RawSockaddrNetlink, ReceiveBatch),
 		buf:   make([]byte, ReceiveBatch*datagramLen),
+	}
+	if sa, err := unix.Getsockname(fd); err == nil {
+		if nl, ok := sa.(*unix.SockaddrNetlink); ok {
+			l.port = nl.Pid
+		}
 	}
 	for i := range l.msgs {
 		l.iovs[i].Base = &l.buf[i*datagramLen]
@@ -150,57 +174,105 @@ func Listen() (*Listener, error) {
 		l.msgs[i].Hdr.SetIovlen(1)
 		l.msgs[i].Hdr.Name = (*byte)(unsafe.Pointer(&l.names[i]))
 	}
-	l.growBuffer()
+	// Past rmem_max where the process may (SO_RCVBUFFORCE needs
+	// CAP_NET_ADMIN, which the connector needs too).
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, readBuffer) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, readBuffer)
+	}
 	if err := l.mcast(procCnMcastListen); err != nil {
-		conn.Close()
+		l.closeFDs()
 		return nil, fmt.Errorf("%w: subscribing: %w", ErrUnavailable, err)
 	}
 	return l, nil
 }
 
-// growBuffer raises the receive buffer, past rmem_max where the process
-// may (SO_RCVBUFFORCE needs CAP_NET_ADMIN, which the connector needs too).
-func (l *Listener) growBuffer() {
-	rc, err := l.conn.SyscallConn()
-	if err == nil {
-		var serr error
-		err = rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, readBuffer)
-		})
-		if err == nil && serr == nil {
-			return
-		}
-	}
-	_ = l.conn.SetReadBuffer(readBuffer)
-}
-
-// mcast sends PROC_CN_MCAST_LISTEN or _IGNORE.
+// mcast sends PROC_CN_MCAST_LISTEN or _IGNORE to the kernel.
 func (l *Listener) mcast(op uint32) error {
 	b := make([]byte, cnMsgLen+4)
 	binary.NativeEndian.PutUint32(b[0:], cnIdxProc)
 	binary.NativeEndian.PutUint32(b[4:], cnValProc)
 	binary.NativeEndian.PutUint16(b[16:], 4)
 	binary.NativeEndian.PutUint32(b[20:], op)
-	_, err := l.conn.Send(netlink.Message{
-		Header: netlink.Header{Type: netlink.Done, PID: uint32(os.Getpid())},
+	m := netlink.Message{
+		Header: netlink.Header{Length: uint32(unix.SizeofNlMsghdr + len(b)), Type: netlink.Done, PID: l.port},
 		Data:   b,
-	})
-	return err
+	}
+	msg, err := m.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return os.NewSyscallError("sendto", unix.Sendto(l.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}))
 }
+
+// ErrClosed is returned by Receive once the listener is closed.
+var ErrClosed = errors.New("process events: listener closed")
 
 // Receive blocks until events arrive and appends them to buf: those of up
 // to ReceiveBatch datagrams, read in one system call. It returns ErrLost
 // when the kernel dropped some since the last call; the listener stays
-// usable. It returns os.ErrDeadlineExceeded (wrapped) once the deadline
-// set by SetDeadline passed. Receive must not be called concurrently.
+// usable. It returns os.ErrDeadlineExceeded once the deadline set by
+// SetDeadline passed, and ErrClosed once Close was called. Receive must
+// not be called concurrently.
 func (l *Listener) Receive(buf []Event) ([]Event, error) {
-	n, err := l.recvmmsg()
-	if err != nil {
-		if errors.Is(err, unix.ENOBUFS) {
-			return buf, ErrLost
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		if l.closed.Load() {
+			return buf, ErrClosed
 		}
-		return buf, err
+		n, errno := l.recvmmsg()
+		switch errno {
+		case 0:
+			return l.appendEvents(buf, n), nil
+		case unix.ENOBUFS:
+			return buf, ErrLost
+		case unix.EAGAIN, unix.EINTR:
+		default:
+			return buf, os.NewSyscallError("recvmmsg", errno)
+		}
+		if err := l.wait(); err != nil {
+			return buf, err
+		}
 	}
+}
+
+// recvmmsg takes up to ReceiveBatch datagrams without waiting.
+func (l *Listener) recvmmsg() (int, syscall.Errno) {
+	for i := range l.msgs {
+		l.msgs[i].Hdr.Namelen = unix.SizeofSockaddrNetlink
+		l.msgs[i].Hdr.Flags = 0
+		l.msgs[i].Len = 0
+	}
+	// MSG_DONTWAIT: the call never blocks (wait does), so the runtime
+	// need not hand this thread's work to another.
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(l.fd), uintptr(unsafe.Pointer(&l.msgs[0])),
+		uintptr(len(l.msgs)), unix.MSG_DONTWAIT, 0, 0)
+	runtime.KeepAlive(l)
+	return int(r), e
+}
+
+// wait blocks in poll(2) until a datagram is there, the deadline passes or
+// Close is called.
+func (l *Listener) wait() error {
+	timeout := -1
+	if d := l.deadline.Load(); d != 0 {
+		left := time.Until(time.Unix(0, d))
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		timeout = int((left + time.Millisecond - 1) / time.Millisecond)
+	}
+	fds := []unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}, {Fd: int32(l.wake), Events: unix.POLLIN}}
+	// Whatever woke it (a datagram, a pending error such as ENOBUFS,
+	// Close), the caller's next recvmmsg or check says.
+	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+		return os.NewSyscallError("poll", err)
+	}
+	return nil
+}
+
+// appendEvents appends the events of the n datagrams received.
+func (l *Listener) appendEvents(buf []Event, n int) []Event {
 	for i := range n {
 		m := &l.msgs[i]
 		// Only the kernel (port 0) speaks for the connector; a truncated
@@ -211,40 +283,7 @@ func (l *Listener) Receive(buf []Event) ([]Event, error) {
 		size := min(int(m.Len), datagramLen)
 		buf = appendMessages(buf, l.buf[i*datagramLen:i*datagramLen+size])
 	}
-	return buf, nil
-}
-
-// recvmmsg reads up to ReceiveBatch datagrams, waiting (in the runtime's
-// poller, as any Go socket read) until one is there.
-func (l *Listener) recvmmsg() (int, error) {
-	for i := range l.msgs {
-		l.msgs[i].Hdr.Namelen = unix.SizeofSockaddrNetlink
-		l.msgs[i].Hdr.Flags = 0
-		l.msgs[i].Len = 0
-	}
-	var n int
-	var errno syscall.Errno
-	err := l.rc.Read(func(fd uintptr) bool {
-		for {
-			// MSG_DONTWAIT: the call never blocks (the poller waits), so
-			// the runtime need not hand this thread's work to another.
-			r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&l.msgs[0])),
-				uintptr(len(l.msgs)), unix.MSG_DONTWAIT, 0, 0)
-			if e == unix.EINTR {
-				continue
-			}
-			n, errno = int(r), e
-			return e != unix.EAGAIN
-		}
-	})
-	runtime.KeepAlive(l)
-	if err != nil {
-		return 0, err
-	}
-	if errno != 0 {
-		return 0, os.NewSyscallError("recvmmsg", errno)
-	}
-	return n, nil
+	return buf
 }
 
 // appendMessages appends the events of the netlink messages in one
@@ -253,31 +292,51 @@ func appendMessages(buf []Event, b []byte) []Event {
 	const hdrLen = unix.SizeofNlMsghdr
 	for len(b) >= hdrLen {
 		n := int(binary.NativeEndian.Uint32(b[0:]))
-		if n < hdrLen || n > len(b) {
+		aligned := (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
+		var m netlink.Message
+		if n < hdrLen || aligned > len(b) || m.UnmarshalBinary(b[:aligned]) != nil {
 			break
 		}
-		if e, ok := Parse(b[hdrLen:n]); ok {
-			buf = append(buf, e)
+		if m.Header.Type == netlink.Done {
+			if e, ok := Parse(m.Data); ok {
+				buf = append(buf, e)
+			}
 		}
-		n = (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
-		if n >= len(b) {
-			break
-		}
-		b = b[n:]
+		b = b[aligned:]
 	}
 	return buf
 }
 
-// SetDeadline makes a Receive waiting past t return; the zero time waits
-// for ever.
+// SetDeadline makes a Receive that waits past t return; the zero time
+// waits for ever. It applies to the Receive calls that start after it.
 func (l *Listener) SetDeadline(t time.Time) error {
-	return l.conn.SetReadDeadline(t)
+	if t.IsZero() {
+		l.deadline.Store(0)
+	} else {
+		l.deadline.Store(t.UnixNano())
+	}
+	return nil
 }
 
-// Close unsubscribes and closes the socket; a blocked Receive returns.
+// Close unsubscribes and closes the socket; a waiting Receive returns
+// ErrClosed.
 func (l *Listener) Close() error {
-	_ = l.mcast(procCnMcastIgnore)
-	return l.conn.Close()
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		_ = l.mcast(procCnMcastIgnore)
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(l.wake, one[:])
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.closeFDs()
+	})
+	return nil
+}
+
+func (l *Listener) closeFDs() {
+	unix.Close(l.fd)
+	unix.Close(l.wake)
 }
 
 // Parse decodes one connector message (struct cn_msg followed by struct

@@ -165,3 +165,40 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 1, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) { Parse(b) })
 }
+
+// A Receive that waits returns at its deadline, and at Close.
+func TestReceiveDeadlineAndClose(t *testing.T) {
+	l, err := Listen()
+	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
+		t.Skipf("not root: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other processes' events may come first: read until the deadline.
+	l.SetDeadline(time.Now().Add(100 * time.Millisecond))
+	for {
+		_, err := l.Receive(nil)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil && !errors.Is(err, ErrLost) {
+			t.Fatalf("before the deadline: %v", err)
+		}
+	}
+	l.SetDeadline(time.Time{})
+	done := make(chan error)
+	go func() {
+		for {
+			_, err := l.Receive(nil)
+			if err != nil && !errors.Is(err, ErrLost) {
+				done <- err
+				return
+			}
+		}
+	}()
+	l.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Errorf("Receive after Close: %v, want %v", err, ErrClosed)
+	}
+}
