@@ -46,8 +46,10 @@ const FleetScheme = "GPU-Orphan-Fleet-HMAC-SHA256"
 // clock, either way; the agent remembers each nonce for as long.
 const FleetWindow = 60 * time.Second
 
-// fleetMaxBody is the largest body that a signed request may carry.
-const fleetMaxBody = 16 << 20
+// fleetMaxBody is the largest body that a signed request may carry: the
+// dispatcher's carry one alert. The body is read before the signature is
+// known to be good, so that this bounds what a forged request costs.
+const fleetMaxBody = 1 << 20
 
 // fleetMaxNonces bounds the nonces an agent remembers: only requests
 // signed with its key are remembered, and the dispatcher sends a few a
