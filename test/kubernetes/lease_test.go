@@ -3,6 +3,12 @@
 package kubernetes
 
 import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,5 +61,78 @@ func TestTwoReplicasShareTheLease(t *testing.T) {
 	}
 	if l.Annotations[lease.Annotation] == "" {
 		t.Errorf("the Lease carries no %s annotation: %v", lease.Annotation, l.Annotations)
+	}
+}
+
+// TestReplicaKilled: two gpu-orphan-dispatcher processes, the chart's
+// flags and Role, sharing the Lease. One is killed with SIGKILL right
+// after it forwarded an alert (it releases nothing: no shutdown runs).
+// The other forwards the next alert at once: no replica waits for the
+// dead one's turn on the Lease to expire, since none holds it. Each
+// alert reaches its agent once.
+func TestReplicaKilled(t *testing.T) {
+	cp := kubereal.Get(t)
+	ns := newNamespace(t, cp, "killed")
+	r := installRBAC(t, cp, ns, dispatcherValues(false, true))
+	f := newFleet(t, cp, r)
+	a, b := newAgent(t), newAgent(t)
+	f.addAgent(t, "node-a", a)
+	f.addAgent(t, "node-b", b)
+	bin := bin(t, "gpu-orphan-dispatcher")
+	kubeconfig := cp.Kubeconfig(t, cp.ServiceAccountToken(t, ns, r.dispatcherName()))
+	token := filepath.Join(t.TempDir(), "agent-token")
+	if err := os.WriteFile(token, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func(name string) (*exec.Cmd, string) {
+		addr := testenv.FreeAddr(t)
+		args := []string{"--web.listen-address=" + addr, "--auth.insecure-none", "--store.path=" + filepath.Join(t.TempDir(), name+".db"),
+			"--dispatch.kubernetes.kubeconfig=" + kubeconfig, "--dispatch.token-file=" + token,
+			"--dispatch.max-nodes=10", "--dispatch.max-fraction=1", "--dispatch.max-attempts=1"}
+		for k, v := range r.dispatcherFlags(t) {
+			if strings.HasPrefix(k, "dispatch.kubernetes.") {
+				args = append(args, "--"+k+"="+v)
+			}
+		}
+		cmd := testenv.Daemon(t, bin, args...)
+		base := "http://" + addr
+		testenv.Eventually(t, 30*time.Second, name+" to serve", func() bool {
+			resp, err := http.Get(base + "/-/healthy")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+		return cmd, base
+	}
+	p1, base1 := start("replica-1")
+	_, base2 := start("replica-2")
+
+	if res := postAlerts(t, base1, "node-a"); res["accepted"] != 1 {
+		t.Fatalf("replica 1: results %v, want accepted", res)
+	}
+	testenv.Eventually(t, 20*time.Second, "node-a's agent to get its alert from replica 1", func() bool { return len(a.received()) == 1 })
+	if err := p1.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = p1.Process.Wait()
+
+	begin := time.Now()
+	if res := postAlerts(t, base2, "node-b"); res["accepted"] != 1 {
+		t.Fatalf("replica 2, after replica 1 was killed: results %v, want accepted", res)
+	}
+	testenv.Eventually(t, 20*time.Second, "node-b's agent to get its alert from replica 2", func() bool { return len(b.received()) == 1 })
+	t.Logf("replica 2 forwarded %s after replica 1 was killed", time.Since(begin).Round(time.Millisecond))
+	l, err := cp.Admin(t).CoordinationV1().Leases(ns).Get(t.Context(), r.dispatcherName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Spec.LeaseDurationSeconds; d != nil && time.Since(begin) > time.Duration(*d)*time.Second {
+		t.Errorf("replica 2 forwarded after %s, beyond the Lease's duration of %ds", time.Since(begin), *d)
+	}
+	time.Sleep(time.Second)
+	if len(a.received()) != 1 || len(b.received()) != 1 {
+		t.Errorf("agents got node-a %v, node-b %v: want each alert once", a.received(), b.received())
 	}
 }

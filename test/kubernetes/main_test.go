@@ -27,10 +27,28 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubereal.Main(m)) }
+func TestMain(m *testing.M) {
+	code := kubereal.Main(m)
+	if binDir != "" && strings.HasPrefix(filepath.Base(binDir), "gpu-orphan-bin-") {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binDir is where testenv.Bin built the binaries, removed after the tests.
+var binDir string
+
+// bin is testenv.Bin, remembering its temp dir for TestMain.
+func bin(t *testing.T, name string) string {
+	t.Helper()
+	p := testenv.Bin(t, name)
+	binDir = filepath.Dir(p)
+	return p
+}
 
 const chartDir = "../../charts/gpu-orphan"
 
