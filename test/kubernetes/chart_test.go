@@ -1,0 +1,62 @@
+//go:build kubernetes
+
+package kubernetes
+
+import (
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
+)
+
+// TestChartObjectsAccepted: every object the chart renders with its
+// defaults, except the prometheus-operator ones (PodMonitor,
+// PrometheusRule, AlertmanagerConfig: their CRDs are not installed here),
+// is accepted by the real API server's validation with strict field
+// validation (an unknown or misspelt field is refused, not dropped), with
+// the taint escalation on too; deleting them leaves none behind.
+func TestChartObjectsAccepted(t *testing.T) {
+	cp := kubereal.Get(t)
+	ns := newNamespace(t, cp, "chart")
+	values := dispatcherValues(true, true)
+	for _, k := range []string{"podMonitor", "prometheusRule", "alertmanagerConfig", "serviceMonitor"} {
+		values[k] = map[string]any{"enabled": false}
+	}
+	objs := render(t, ns, values)
+	if len(objs) < 10 {
+		t.Fatalf("the chart rendered %d objects", len(objs))
+	}
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+		if o.GetAPIVersion() == "monitoring.coreos.com/v1" || o.GetAPIVersion() == "monitoring.coreos.com/v1alpha1" {
+			t.Fatalf("%s %s rendered with its value off", o.GetKind(), o.GetName())
+		}
+	}
+	t.Logf("objects by kind: %v", kinds)
+	apply(t, cp, objs)
+	remove(t, cp, objs)
+
+	dyn, mapper := dynamicClient(t, cp)
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		}
+		got, err := ri.Get(t.Context(), o.GetName(), metav1.GetOptions{})
+		if err == nil && got.GetDeletionTimestamp() == nil {
+			t.Errorf("%s %s/%s is still there after its deletion", gvk.Kind, o.GetNamespace(), o.GetName())
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			t.Error(err)
+		}
+	}
+}
