@@ -117,9 +117,7 @@ func (f *follower) probe() (lost bool, err error) {
 	// looked for.
 	_, _ = syscall.ForkExec("/nonexistent/gpu-orphan-process-events-probe", nil, &syscall.ProcAttr{})
 	self := os.Getpid()
-	if err := f.l.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
-		return false, fmt.Errorf("%w: the connector's socket: %w", procevents.ErrUnavailable, err)
-	}
+	f.l.SetDeadline(time.Now().Add(probeTimeout))
 	defer f.l.SetDeadline(time.Time{})
 	for {
 		evs, err := f.l.Receive(f.buf[:0])

@@ -309,13 +309,12 @@ func appendMessages(buf []Event, b []byte) []Event {
 
 // SetDeadline makes a Receive that waits past t return; the zero time
 // waits for ever. It applies to the Receive calls that start after it.
-func (l *Listener) SetDeadline(t time.Time) error {
+func (l *Listener) SetDeadline(t time.Time) {
 	if t.IsZero() {
 		l.deadline.Store(0)
 	} else {
 		l.deadline.Store(t.UnixNano())
 	}
-	return nil
 }
 
 // Close unsubscribes and closes the socket; a waiting Receive returns
