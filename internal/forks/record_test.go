@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
+	"github.com/gpu-orphan/gpu-orphan/internal/procevents"
 )
 
 // following returns a record fed by the kernel's process events.
@@ -179,4 +182,104 @@ func childrenOf(r *Record, parent Key) int {
 		}
 	}
 	return n
+}
+
+// monotonic is CLOCK_MONOTONIC in ns, the clock of the events' times.
+func monotonic(t *testing.T) uint64 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Nano())
+}
+
+// sleeper starts a real process that lives until the test ends.
+func sleeper(t *testing.T) Key {
+	t.Helper()
+	cmd := exec.Command("sleep", "100007")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return key(t, cmd.Process.Pid)
+}
+
+// A start time read when asked is the recorded process's only if that
+// process started by its fork event: a process that took the PID later
+// (the recorded one died, its exit event not applied yet) is not taken
+// for it, and gets none of its descent.
+func TestRecordLazyStartRefusesLaterProcess(t *testing.T) {
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		before bool // the fork event was sent before the real process started
+	}{
+		{"fork event before the process in /proc started: another process", true},
+		{"fork event after it started: the same process", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := New(fs)
+			if err := rec.Seed(); err != nil {
+				t.Fatal(err)
+			}
+			ts := monotonic(t)
+			// Start times count 10 ms ticks: the real process must start
+			// in a later tick than the event for the two to differ.
+			time.Sleep(20 * time.Millisecond)
+			x := sleeper(t)
+			if !tc.before {
+				ts = monotonic(t)
+			}
+			// Its fork event as the kernel would send it: the test forked
+			// it at ts.
+			rec.ApplyBatch([]procevents.Event{{Kind: procevents.Fork, ParentPID: os.Getpid(), TID: x.PID, PID: x.PID, Timestamp: ts}}, time.Now())
+			n := rec.lookup(x)
+			rec.mu.Unlock()
+			if tc.before && n != nil {
+				t.Errorf("%v, started after the recorded fork of PID %d, was taken for the recorded process", x, x.PID)
+			}
+			if !tc.before && n == nil {
+				t.Errorf("%v, started before its recorded fork event, was not found", x)
+			}
+		})
+	}
+}
+
+// An exit event counted against a process that has children is checked in
+// /proc before the process is taken for dead: an earlier process's exit
+// event can come after a new process took its PID.
+func TestRecordStrayExitChecked(t *testing.T) {
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := New(fs)
+	if err := rec.Seed(); err != nil {
+		t.Fatal(err)
+	}
+	// Started after the seeding: the record knows them by their forks.
+	x, y := sleeper(t), sleeper(t)
+	ts := monotonic(t)
+	rec.ApplyBatch([]procevents.Event{
+		{Kind: procevents.Fork, ParentPID: os.Getpid(), TID: x.PID, PID: x.PID, Timestamp: ts},
+		{Kind: procevents.Fork, ParentPID: x.PID, TID: y.PID, PID: y.PID, Timestamp: ts},
+		// An exit event with x's PID, which x did not send.
+		{Kind: procevents.Exit, TID: x.PID, PID: x.PID, Timestamp: ts},
+	}, time.Now())
+	rec.FlushExits(time.Now().Add(time.Second))
+	n := rec.lookup(x)
+	rec.mu.Unlock()
+	if n == nil || n.dead {
+		t.Fatalf("%v, alive, was taken for dead on an exit event it did not send", x)
+	}
+	if _, ok := rec.ExecedChild(y); ok {
+		t.Errorf("y ran no exec")
+	}
+	if p, err := rec.lineTo(y, x.PID, x.Start); err != nil || p.key() != x {
+		t.Errorf("y's line: %v %v, want its parent %v", p.key(), err, x)
+	}
 }
