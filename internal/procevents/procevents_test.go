@@ -202,3 +202,55 @@ func TestReceiveDeadlineAndClose(t *testing.T) {
 		t.Errorf("Receive after Close: %v, want %v", err, ErrClosed)
 	}
 }
+
+// Only the kernel speaks for the connector: a datagram that another
+// socket sends to the listener's port (a privileged process may) is not
+// an event, whatever it says.
+func TestForgedEventDropped(t *testing.T) {
+	l, err := Listen()
+	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
+		t.Skipf("not root: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	const forged = 999999 // a PID no process has: pid_max is at most 4194304, and nothing runs it
+	payload := make([]byte, cnMsgLen+procEventHdrLen+16)
+	ne := binary.NativeEndian
+	ne.PutUint32(payload[0:], cnIdxProc)
+	ne.PutUint32(payload[4:], cnValProc)
+	ne.PutUint16(payload[16:], procEventHdrLen+16)
+	ne.PutUint32(payload[cnMsgLen:], uint32(Fork))
+	for i, v := range []uint32{1, 1, forged, forged} {
+		ne.PutUint32(payload[cnMsgLen+procEventHdrLen+4*i:], v)
+	}
+	msg := make([]byte, unix.SizeofNlMsghdr+len(payload))
+	ne.PutUint32(msg[0:], uint32(len(msg)))
+	ne.PutUint16(msg[4:], unix.NLMSG_DONE)
+	copy(msg[unix.SizeofNlMsghdr:], payload)
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: l.port}); err != nil {
+		t.Fatalf("sending to the listener's port: %v", err)
+	}
+	// The forged datagram was queued before this deadline: read all.
+	l.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	for {
+		evs, err := l.Receive(nil)
+		for _, e := range evs {
+			if e.PID == forged {
+				t.Fatalf("a datagram from another socket was taken for the kernel's event %+v", e)
+			}
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return
+		}
+		if err != nil && !errors.Is(err, ErrLost) {
+			t.Fatal(err)
+		}
+	}
+}
