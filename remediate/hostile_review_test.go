@@ -217,7 +217,7 @@ func TestActionsPageForeignHost(t *testing.T) {
 			}
 		}
 		csp := resp.Header.Get("Content-Security-Policy")
-		for _, d := range []string{"default-src 'none'", "frame-ancestors 'none'", "form-action 'none'", "base-uri 'none'"} {
+		for _, d := range []string{"default-src 'none'", "frame-ancestors 'none'", "form-action 'self'", "base-uri 'none'"} {
 			if !strings.Contains(csp, d) {
 				t.Errorf("Host %q: Content-Security-Policy %q lacks %s", host, csp, d)
 			}

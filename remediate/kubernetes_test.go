@@ -43,6 +43,10 @@ func TestDispatcherKubernetesDiscovery(t *testing.T) {
 	undiscovered, got := listenerOn(t, "127.0.0.1", http.StatusOK)
 
 	api := kubeapi.Start(t, ns)
+	// The agent is a pod of the agents' DaemonSet on node-a (issue 24,
+	// item 2: discovery checks the endpoint's targetRef).
+	ds := api.AddDaemonSet(service)
+	api.AddPod(kubeapi.AgentPod("agent-node-a", ds, "node-a", host, "remediator", int32(agentPort)))
 	api.Apply(kubeapi.Slice("gpu-orphan-node-x7k2p", service, "remediator", int32(agentPort), kubeapi.Endpoint("node-a", host, ptr.To(true))))
 	addr := testenv.FreeAddr(t)
 	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-dispatcher"), "--web.listen-address="+addr,
