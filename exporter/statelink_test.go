@@ -25,29 +25,14 @@ func TestStateLinkRefused(t *testing.T) {
 		t.Skip("integration test")
 	}
 	t.Parallel()
-	user := testenv.UnprivilegedUser(t)
-	base := t.TempDir()
-	for _, d := range []string{filepath.Dir(base), base} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n := testenv.NewNeighbour(t)
 	const secretText = "Zsecret of root: do not log\n"
-	secret := filepath.Join(base, "secret")
+	secret := filepath.Join(n.Base, "secret")
 	if err := os.WriteFile(secret, []byte(secretText), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(base, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(tmp, "u")
+	dir := n.Dir(t, "u", map[string]string{"exporter.json": secret})
 	state := filepath.Join(dir, "exporter.json")
-	testenv.AsUser(t, user, "mkdir", "-m", "0755", dir)
-	testenv.AsUser(t, user, "ln", "-s", secret, state)
 	root := testenv.SimNode(t, 1)
 
 	for _, step := range []struct {

@@ -183,31 +183,26 @@ const (
 // when there are none.
 func (a Action) EscalationUsers() []string {
 	var users []string
-	add := func(u string) {
-		if !slices.Contains(users, u) {
-			users = append(users, u)
-		}
-	}
 	if a.Escalation == EscalationTracedHolder {
 		for _, t := range a.Targets {
-			if t.Tracer != nil && t.Outcome == "still_alive" {
-				if t.Tracer.User != "" {
-					add(t.Tracer.User)
-				} else {
-					add(strconv.Itoa(t.Tracer.UID))
-				}
+			switch {
+			case t.Tracer == nil || t.Outcome != "still_alive":
+			case t.Tracer.User != "":
+				users = append(users, t.Tracer.User)
+			default:
+				users = append(users, strconv.Itoa(t.Tracer.UID))
 			}
 		}
 	} else {
 		for _, o := range a.DeadOwners {
-			add(o.UserLabel())
+			users = append(users, o.UserLabel())
 		}
 	}
 	if len(users) == 0 {
-		users = []string{UnknownUser}
+		return []string{UnknownUser}
 	}
 	slices.Sort(users)
-	return users
+	return slices.Compact(users)
 }
 
 // MemoryHeld reports whether a finished action ended with the memory it

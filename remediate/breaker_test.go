@@ -79,7 +79,8 @@ func hideContextMain(pidArg string) int {
 }
 
 // sharedBin is a directory any user can read, with copies (hard links
-// where possible) of gpu-orphan-sim and of this test binary.
+// where possible) of gpu-orphan-sim and of this test binary, as helper
+// and as slurmstepd (a protected name, root's file).
 func sharedBin(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gpu-orphan-shared-")
@@ -90,7 +91,7 @@ func sharedBin(t *testing.T) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for name, src := range map[string]string{"gpu-orphan-sim": simBin(t), "helper": os.Args[0]} {
+	for name, src := range map[string]string{"gpu-orphan-sim": simBin(t), "helper": os.Args[0], "slurmstepd": os.Args[0]} {
 		dst := filepath.Join(dir, name)
 		if err := os.Link(src, dst); err != nil {
 			testenv.CopyExecutable(t, src, dst, 0o755)
@@ -140,8 +141,18 @@ func startWorkloadAs(t *testing.T, bin string, cred *syscall.Credential, root st
 // the helper's PID once the descriptor is in flight.
 func hideContext(t *testing.T, bin string, cred *syscall.Credential, pid int) int {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "helper"))
-	cmd.Env = append(os.Environ(), hideEnv+"="+strconv.Itoa(pid))
+	return startHelper(t, filepath.Join(bin, "helper"), cred, []string{hideEnv + "=" + strconv.Itoa(pid)}, "hidden",
+		fmt.Sprintf("hiding the context of %d as uid %d", pid, cred.Uid))
+}
+
+// startHelper runs exe, a link to this test binary (sharedBin), as cred,
+// in a session of its own, with env added to ours, and returns its PID
+// once it has printed ready. It is ended at cleanup, when its stdin
+// closes. what says what it does, for a failure.
+func startHelper(t *testing.T, exe string, cred *syscall.Credential, env []string, ready, what string) int {
+	t.Helper()
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: cred}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -156,8 +167,8 @@ func hideContext(t *testing.T, bin string, cred *syscall.Credential, pid int) in
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "hidden\n" {
-		t.Fatalf("hiding the context of %d as uid %d: %q %v", pid, cred.Uid, line, err)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != ready+"\n" {
+		t.Fatalf("%s: %q %v", what, line, err)
 	}
 	return cmd.Process.Pid
 }

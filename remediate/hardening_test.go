@@ -594,7 +594,7 @@ func TestDispatcherUnreachableAndSlowAgents(t *testing.T) {
 	// The healthy node: delivered once, while the slow one's first request
 	// was still waiting, and recorded by its agent.
 	hs := healthy.get()
-	if len(hs) != 1 || forwardedAlert(t, hs[0].body) != (alertKey{fps["node-h"], startsAt}) || !strings.HasPrefix(hs[0].authz, "GPU-Orphan-Fleet-HMAC-SHA256 ") || strings.Contains(hs[0].authz, token) {
+	if len(hs) != 1 || forwardedAlert(t, hs[0].body) != (alertKey{fps["node-h"], startsAt}) || !strings.HasPrefix(hs[0].authz, intake.FleetScheme+" ") || strings.Contains(hs[0].authz, token) {
 		t.Fatalf("healthy agent got %d requests: %+v", len(hs), hs)
 	}
 	ss := slow.get()

@@ -7,7 +7,6 @@ package remediate_test
 // still open, until its tracer lets it go.
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -105,38 +104,21 @@ func traceMain(pidList, share string) int {
 	return 0
 }
 
-// startTracer runs traceMain as cred, in a session of its own, on pids
-// (and, when share is not 0, holding share's GPU) and returns its PID once
-// they are traced. It is ended at cleanup, which lets its tracees go.
-func startTracer(t *testing.T, bin string, cred *syscall.Credential, share int, pids ...int) int {
+// startTracer runs traceMain as cred, from bin's executable exe, in a
+// session of its own, on pids (and, when share is not 0, holding share's
+// GPU) and returns its PID once they are traced. It is ended at cleanup,
+// which lets its tracees go.
+func startTracer(t *testing.T, bin, exe string, cred *syscall.Credential, share int, pids ...int) int {
 	t.Helper()
 	var list []string
 	for _, p := range pids {
 		list = append(list, strconv.Itoa(p))
 	}
-	cmd := exec.Command(filepath.Join(bin, "helper"))
-	cmd.Env = append(os.Environ(), traceEnv+"="+strings.Join(list, ","))
+	env := []string{traceEnv + "=" + strings.Join(list, ",")}
 	if share != 0 {
-		cmd.Env = append(cmd.Env, traceShareEnv+"="+strconv.Itoa(share))
+		env = append(env, traceShareEnv+"="+strconv.Itoa(share))
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: cred}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "traced\n" {
-		t.Fatalf("tracing %v as UID %d: %q %v", pids, cred.Uid, line, err)
-	}
-	return cmd.Process.Pid
+	return startHelper(t, filepath.Join(bin, exe), cred, env, "traced", fmt.Sprintf("tracing %v as UID %d", pids, cred.Uid))
 }
 
 // wantTracer checks that target pid of a names tracer (its PID, start
@@ -214,7 +196,7 @@ func TestPtraceHeldTargetEscalates(t *testing.T) {
 	}
 	victim := testenv.StartWorkload(t, root, 0, 16384, 2)
 	waitRecorded(t, url, 5)
-	tracer := startTracer(t, bin, cred, 0, workers...)
+	tracer := startTracer(t, bin, "helper", cred, 0, workers...)
 
 	for i, w := range jobs {
 		gpu := i + 1
@@ -288,7 +270,7 @@ func TestPtraceTracerProvenTarget(t *testing.T) {
 	two := startWorkloadAs(t, bin, cred, root, 2, 1024, 1)
 	waitRecorded(t, url, 2)
 	two.KillParent(t)
-	tracer := startTracer(t, bin, cred, two.Children[0], one.Children...)
+	tracer := startTracer(t, bin, "helper", cred, two.Children[0], one.Children...)
 	one.KillParent(t)
 
 	a := alertAndWait(t, url, root, 1, fp(720))
@@ -311,10 +293,10 @@ func TestPtraceTracerProvenTarget(t *testing.T) {
 
 // epilogTraced runs `gpu-orphan epilog --drain` for job, whose only worker
 // (on GPU 1, of cred's user, its trainer killed) is traced by a tracer of
-// the same user, in the job's cgroup when tracerInJob. It returns the
-// exit status, the output, whether scontrol was run, the epilog's actions,
-// the worker and the tracer.
-func epilogTraced(t *testing.T, tracerInJob bool) (code int, out string, drained bool, as []remediate.Action, worker, tracer int, cred *syscall.Credential) {
+// the same user, run from the shared executable exe, in the job's cgroup
+// when tracerInJob. It returns the exit status, the output, whether
+// scontrol was run, the epilog's actions, the worker and the tracer.
+func epilogTraced(t *testing.T, tracerInJob bool, exe string) (code int, out string, drained bool, as []remediate.Action, worker, tracer int, cred *syscall.Credential) {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("the epilog runs as root, as slurmd runs it")
@@ -329,7 +311,7 @@ func epilogTraced(t *testing.T, tracerInJob bool) (code int, out string, drained
 	worker = w.Children[0]
 	testenv.IntoCgroup(t, testenv.CgroupV1, cgroup, worker)
 	w.KillParent(t)
-	tracer = startTracer(t, bin, cred, 0, worker)
+	tracer = startTracer(t, bin, exe, cred, 0, worker)
 	if tracerInJob {
 		testenv.IntoCgroup(t, testenv.CgroupV1, cgroup, tracer)
 	}
@@ -366,7 +348,7 @@ func epilogTraced(t *testing.T, tracerInJob bool) (code int, out string, drained
 func TestPtraceEpilogNoDrain(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	code, out, drained, as, worker, tracer, cred := epilogTraced(t, false)
+	code, out, drained, as, worker, tracer, cred := epilogTraced(t, false, "helper")
 	if code != 0 || drained || !strings.Contains(out, "not drained") || !strings.Contains(out, "PID "+strconv.Itoa(tracer)) {
 		t.Errorf("epilog: exit %d, drained %v, output %q; want 0, not drained, naming tracer %d", code, drained, out, tracer)
 	}
@@ -387,7 +369,7 @@ func TestPtraceEpilogNoDrain(t *testing.T) {
 func TestPtraceEpilogTracerInJob(t *testing.T) {
 	skipShort(t)
 	t.Parallel()
-	code, out, drained, as, worker, tracer, cred := epilogTraced(t, true)
+	code, out, drained, as, worker, tracer, cred := epilogTraced(t, true, "helper")
 	if code != 0 || drained || strings.Contains(out, "not drained") {
 		t.Errorf("epilog: exit %d, drained %v, output %q; want 0, clean", code, drained, out)
 	}
@@ -398,4 +380,25 @@ func TestPtraceEpilogTracerInJob(t *testing.T) {
 	wantTracer(t, "the epilog's record", as[0].Targets, worker, tracer, cred, true)
 	testenv.WaitGone(t, worker)
 	wantDead(t, "the tracer, in the job's cgroup", tracer)
+}
+
+// TestPtraceEpilogProtectedTracerInJob: the tracer is in the ended job's
+// cgroup, as slurmstepd is (it traces a job's tasks for a parallel
+// debugger), and runs a root-owned executable named slurmstepd: the rule
+// proves it a target, but the never-touch rules keep it untouched. The
+// epilog signals the worker alone, which the tracer holds: failed,
+// traced_holder, the node not drained, the tracer alive.
+func TestPtraceEpilogProtectedTracerInJob(t *testing.T) {
+	skipShort(t)
+	t.Parallel()
+	code, out, drained, as, worker, tracer, cred := epilogTraced(t, true, "slurmstepd")
+	if code != 0 || drained || !strings.Contains(out, "not drained") {
+		t.Errorf("epilog: exit %d, drained %v, output %q; want 0, not drained", code, drained, out)
+	}
+	if len(as) != 1 || as[0].State != remediate.StateFailed || as[0].Escalation != remediate.EscalationTracedHolder {
+		t.Fatalf("actions %+v, want one, failed, traced_holder", as)
+	}
+	wantTargets(t, as[0], worker)
+	wantTracer(t, "the epilog's record", as[0].Targets, worker, tracer, cred, false)
+	wantAlive(t, "the tracer, protected", tracer)
 }

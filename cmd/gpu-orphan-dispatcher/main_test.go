@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -74,25 +73,7 @@ func TestEscalateTaint(t *testing.T) {
 	startsAt := time.Now().Add(-time.Minute).UTC()
 	send := func(status string) {
 		t.Helper()
-		a := map[string]any{"status": status, "labels": map[string]string{"alertname": "GPUOrphanMemory", "node": "gpu-a", "uuid": "GPU-1"},
-			"annotations": map[string]string{}, "startsAt": startsAt.Format(time.RFC3339Nano), "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "f00d"}
-		if status == "resolved" {
-			a["endsAt"] = time.Now().UTC().Format(time.RFC3339Nano)
-		}
-		body, _ := json.Marshal(map[string]any{"version": "4", "groupKey": "{}", "status": status, "receiver": "gpu-orphan",
-			"groupLabels": map[string]string{}, "commonLabels": map[string]string{}, "commonAnnotations": map[string]string{},
-			"externalURL": "http://alertmanager", "alerts": []any{a}})
-		req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/alerts", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("posting the %s alert: %s", status, resp.Status)
-		}
+		postAlert(t, base, token, status, "gpu-a", "GPU-1", "f00d", startsAt)
 	}
 	tainted := func() string {
 		for _, tt := range api.Node("gpu-a").Spec.Taints {

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,56 +19,6 @@ import (
 // agentToken is the fleet's secret: the agents' --auth.token-file and the
 // dispatcher's --dispatch.token-file.
 const agentToken = "issue24-fleet-secret-7c1e9a40d2b35f68"
-
-// recorded is a request as a squatter on an agent's port saw it.
-type recorded struct {
-	Method, URI string
-	Header      http.Header
-	Body        []byte
-}
-
-// squatter is a user's listener on the port of a node whose agent is
-// down: it answers 401, as the user did, and records what it got.
-type squatter struct {
-	*httptest.Server
-	mu  sync.Mutex
-	got []recorded
-}
-
-func newSquatter(t *testing.T) *squatter {
-	s := &squatter{}
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		s.mu.Lock()
-		s.got = append(s.got, recorded{r.Method, r.RequestURI, r.Header.Clone(), b})
-		s.mu.Unlock()
-		http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
-	}))
-	t.Cleanup(s.Close)
-	return s
-}
-
-func (s *squatter) requests() []recorded {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]recorded(nil), s.got...)
-}
-
-// replay sends a recorded request, as it was, to base.
-func replay(t *testing.T, base string, r recorded) int {
-	t.Helper()
-	req, err := http.NewRequest(r.Method, base+r.URI, bytes.NewReader(r.Body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = r.Header.Clone()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
 
 // writeFile writes content to a new file in dir.
 func writeFile(t *testing.T, dir, name, content string) string {
@@ -93,20 +40,8 @@ func startAgent(t *testing.T, node, tokenFile string) string {
 		"--collector.interval=200ms", "--web.systemd-socket")
 	base := "http://" + testenv.PassListener(t, cmd)
 	testenv.DaemonCmd(t, cmd)
-	waitReady(t, base, "the agent of "+node)
+	testenv.WaitReady(t, base, "the agent of "+node, 20*time.Second)
 	return base
-}
-
-func waitReady(t *testing.T, base, what string) {
-	t.Helper()
-	testenv.Eventually(t, 20*time.Second, what+" to be ready", func() bool {
-		resp, err := http.Get(base + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
 }
 
 // startFleetDispatcher runs the real dispatcher binary with targets
@@ -120,17 +55,21 @@ func startFleetDispatcher(t *testing.T, dir string, targets map[string]string, w
 		"--limit.breaker-failures=3", "--dispatch.max-fraction=1", "--dispatch.max-attempts=1")
 	base := "http://" + testenv.PassListener(t, cmd)
 	testenv.DaemonCmd(t, cmd)
-	waitReady(t, base, "the dispatcher")
+	testenv.WaitReady(t, base, "the dispatcher", 20*time.Second)
 	return base
 }
 
-// postAlert posts one firing alert to the dispatcher, as Alertmanager does.
-func postAlert(t *testing.T, base, webhookToken, node, uuid, fingerprint string) {
+// postAlert posts one alert (firing, or resolved now) that started at
+// startsAt to the dispatcher, as Alertmanager does.
+func postAlert(t *testing.T, base, webhookToken, status, node, uuid, fingerprint string, startsAt time.Time) {
 	t.Helper()
-	a := map[string]any{"status": "firing", "labels": map[string]string{"alertname": "GPUOrphanMemory", "node": node, "uuid": uuid},
-		"annotations": map[string]string{}, "startsAt": time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+	a := map[string]any{"status": status, "labels": map[string]string{"alertname": "GPUOrphanMemory", "node": node, "uuid": uuid},
+		"annotations": map[string]string{}, "startsAt": startsAt.UTC().Format(time.RFC3339Nano),
 		"endsAt": "0001-01-01T00:00:00Z", "fingerprint": fingerprint}
-	body, _ := json.Marshal(map[string]any{"version": "4", "groupKey": "{}", "status": "firing", "receiver": "gpu-orphan",
+	if status == "resolved" {
+		a["endsAt"] = time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	body, _ := json.Marshal(map[string]any{"version": "4", "groupKey": "{}", "status": status, "receiver": "gpu-orphan",
 		"groupLabels": map[string]string{}, "commonLabels": map[string]string{}, "commonAnnotations": map[string]string{},
 		"externalURL": "http://alertmanager", "alerts": []any{a}})
 	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/alerts", bytes.NewReader(body))
@@ -142,7 +81,7 @@ func postAlert(t *testing.T, base, webhookToken, node, uuid, fingerprint string)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("posting the alert for %s: %s", node, resp.Status)
+		t.Fatalf("posting the %s alert for %s: %s", status, node, resp.Status)
 	}
 }
 
@@ -184,11 +123,11 @@ func TestSquatterOnAgentPortGetsNothingReusable(t *testing.T) {
 	const webhookToken = "issue24-webhook-token-0a1b2c3d4e5f"
 	tokenFile := writeFile(t, dir, "agent-token", agentToken+"\n")
 	agentA := startAgent(t, "node-a", tokenFile)
-	squat := newSquatter(t)
+	squat := testenv.NewSquatter(t)
 	base := startFleetDispatcher(t, dir, map[string]string{"node-a": agentA, "node-c": squat.URL}, webhookToken, tokenFile)
 
 	for i := range 3 {
-		postAlert(t, base, webhookToken, "node-c", fmt.Sprintf("GPU-c%d", i), fmt.Sprintf("c0ffee%02d", i))
+		postAlert(t, base, webhookToken, "firing", "node-c", fmt.Sprintf("GPU-c%d", i), fmt.Sprintf("c0ffee%02d", i), time.Now().Add(-time.Minute))
 	}
 	testenv.Eventually(t, 30*time.Second, "node-c's three alerts to fail against the squatter", func() bool {
 		n := 0
@@ -199,7 +138,7 @@ func TestSquatterOnAgentPortGetsNothingReusable(t *testing.T) {
 		}
 		return n == 3
 	})
-	got := squat.requests()
+	got := squat.Requests()
 	if len(got) != 3 {
 		t.Fatalf("the squatter got %d requests, want 3", len(got))
 	}
@@ -217,11 +156,11 @@ func TestSquatterOnAgentPortGetsNothingReusable(t *testing.T) {
 	}
 
 	// Replayed to another node's agent: refused.
-	if code := replay(t, agentA, got[0]); code != http.StatusUnauthorized {
+	if code := testenv.Replay(t, agentA, got[0]); code != http.StatusUnauthorized {
 		t.Errorf("node-c's request replayed to node-a's agent: %d, want 401", code)
 	}
 	// The fleet breaker stayed closed: node-a's next alert reaches its agent.
-	postAlert(t, base, webhookToken, "node-a", "GPU-a0", "a11ce000")
+	postAlert(t, base, webhookToken, "firing", "node-a", "GPU-a0", "a11ce000", time.Now().Add(-time.Minute))
 	testenv.Eventually(t, 30*time.Second, "node-a's alert to be taken by its agent", func() bool {
 		as := actions(t, base, webhookToken)["node-a"]
 		return len(as) == 1 && as[0].Agent != nil && (as[0].State == remediate.StateSucceeded || as[0].State == remediate.StateSkipped)
@@ -234,14 +173,14 @@ func TestSquatterOnAgentPortGetsNothingReusable(t *testing.T) {
 	// node-c's agent is back: the request it was sent works once within
 	// the window (it is node-c's own alert), never twice.
 	agentC := startAgent(t, "node-c", tokenFile)
-	first := replay(t, agentC, got[1])
-	if second := replay(t, agentC, got[1]); second != http.StatusUnauthorized {
+	first := testenv.Replay(t, agentC, got[1])
+	if second := testenv.Replay(t, agentC, got[1]); second != http.StatusUnauthorized {
 		t.Errorf("a request replayed to node-c's agent a second time: %d (first %d), want 401", second, first)
 	}
 	// The API with the stolen request: another path, refused.
 	r := got[2]
 	r.Method, r.URI, r.Body = http.MethodPost, "/api/v1/breaker/reset", nil
-	if code := replay(t, agentC, r); code != http.StatusUnauthorized {
+	if code := testenv.Replay(t, agentC, r); code != http.StatusUnauthorized {
 		t.Errorf("the breaker reset with node-c's signature: %d, want 401", code)
 	}
 }

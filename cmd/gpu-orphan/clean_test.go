@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
-// usedMiB reads GPU gpu's used memory on the simulated node at root.
-func usedMiB(t *testing.T, root string, gpu int) uint64 {
+// simGPU reads GPU index of the simulated node at root.
+func simGPU(t *testing.T, root string, index int) gpu.Reading {
 	t.Helper()
 	d, err := sim.NewDriver(root)
 	if err != nil {
@@ -26,7 +27,13 @@ func usedMiB(t *testing.T, root string, gpu int) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rs[gpu].Memory.Used >> 20
+	return rs[index]
+}
+
+// usedMiB reads GPU gpu's used memory on the simulated node at root.
+func usedMiB(t *testing.T, root string, gpu int) uint64 {
+	t.Helper()
+	return simGPU(t, root, gpu).Memory.Used >> 20
 }
 
 // waitFile waits for path to hold a line, and returns it without its

@@ -62,27 +62,35 @@ func fakeScontrol(t *testing.T) (bin, args string) {
 	return bin, args
 }
 
-// actions are the audit store's actions, each with its events' kinds.
+// actions are the audit store's actions, each with its events.
 func actions(t *testing.T, path string) ([]remediate.Action, map[string][]store.Event) {
 	t.Helper()
-	st, err := store.OpenReadOnly(t.Context(), path)
+	as, events, err := readActions(t, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	as, err := st.Actions(t.Context(), store.Filter{})
+	return as, events
+}
+
+// readActions reads the audit store's actions, each with its events.
+func readActions(t *testing.T, path string) ([]remediate.Action, map[string][]store.Event, error) {
+	ctx := t.Context()
+	st, err := store.OpenReadOnly(ctx, path)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
+	}
+	defer st.Close()
+	as, err := st.Actions(ctx, store.Filter{})
+	if err != nil {
+		return nil, nil, err
 	}
 	events := map[string][]store.Event{}
 	for _, a := range as {
-		es, err := st.Events(t.Context(), a.ID)
-		if err != nil {
-			t.Fatal(err)
+		if events[a.ID], err = st.Events(ctx, a.ID); err != nil {
+			return nil, nil, err
 		}
-		events[a.ID] = es
 	}
-	return as, events
+	return as, events, nil
 }
 
 // slurmJobEvent returns the job that an action's slurm_job event names.

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
@@ -32,16 +31,7 @@ const agentToken = "node-agent-test-token-0123456789abcdef"
 // gpuUUID is the UUID of GPU index of the simulated node.
 func gpuUUID(t *testing.T, root string, index int) string {
 	t.Helper()
-	d, err := sim.NewDriver(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	rs, err := d.Read(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs[index].Device.UUID
+	return simGPU(t, root, index).Device.UUID
 }
 
 // alertAgent sends the node agent Alertmanager's webhook with one firing
@@ -126,20 +116,27 @@ func actionsIfAny(t *testing.T, path string) ([]remediate.Action, map[string][]s
 	if _, err := os.Stat(path); err != nil {
 		return nil, nil
 	}
-	st, err := store.OpenReadOnly(t.Context(), path)
-	if err != nil {
-		return nil, nil
-	}
-	defer st.Close()
-	as, err := st.Actions(t.Context(), store.Filter{})
-	if err != nil {
-		return nil, nil
-	}
-	events := map[string][]store.Event{}
-	for _, a := range as {
-		events[a.ID], _ = st.Events(t.Context(), a.ID)
-	}
+	as, events, _ := readActions(t, path)
 	return as, events
+}
+
+// waitFinal waits until the store's first action that match picks
+// (named what) has ended, and returns it with the store's events.
+func waitFinal(t *testing.T, db, what string, match func(remediate.Action) bool) (remediate.Action, map[string][]store.Event) {
+	t.Helper()
+	var found remediate.Action
+	var events map[string][]store.Event
+	testenv.Eventually(t, 60*time.Second, what+" to end", func() bool {
+		var as []remediate.Action
+		as, events = actionsIfAny(t, db)
+		i := slices.IndexFunc(as, match)
+		if i < 0 || !as[i].State.Final() {
+			return false
+		}
+		found = as[i]
+		return true
+	})
+	return found, events
 }
 
 // eventDetail returns the detail of an action's first event of kind.
@@ -191,18 +188,7 @@ func TestEpilogAndAgentTakeTurns(t *testing.T) {
 	for _, c := range w.Children {
 		testenv.WaitGone(t, c)
 	}
-	var ag remediate.Action
-	var events map[string][]store.Event
-	testenv.Eventually(t, 60*time.Second, "the agent's action to end", func() bool {
-		var as []remediate.Action
-		as, events = actionsIfAny(t, db)
-		i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.Source == remediate.SourceWebhook })
-		if i < 0 || !as[i].State.Final() {
-			return false
-		}
-		ag = as[i]
-		return true
-	})
+	ag, _ := waitFinal(t, db, "the agent's action", func(a remediate.Action) bool { return a.Source == remediate.SourceWebhook })
 	as, events := actions(t, db)
 	i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.ID == ep.ID })
 	ep = as[i]
@@ -284,18 +270,7 @@ func TestEpilogKilledDuringGrace(t *testing.T) {
 	for _, c := range w.Children {
 		testenv.WaitGone(t, c)
 	}
-	var next remediate.Action
-	var events map[string][]store.Event
-	testenv.Eventually(t, 60*time.Second, "the agent's new attempt to end", func() bool {
-		var as []remediate.Action
-		as, events = actionsIfAny(t, db)
-		i := slices.IndexFunc(as, func(a remediate.Action) bool { return a.RetryOf == ep.ID })
-		if i < 0 || !as[i].State.Final() {
-			return false
-		}
-		next = as[i]
-		return true
-	})
+	next, events := waitFinal(t, db, "the agent's new attempt", func(a remediate.Action) bool { return a.RetryOf == ep.ID })
 	as, _ := actions(t, db)
 	ep = as[slices.IndexFunc(as, func(a remediate.Action) bool { return a.ID == ep.ID })]
 	if want := "the epilog that ran it (PID " + strconv.Itoa(epilog.Process.Pid) + ") ended mid-action"; ep.State != remediate.StateInterrupted || ep.Reason != want {

@@ -216,9 +216,21 @@ func (r *Record) release(n *node) {
 // adopted it), so that a parent that dies leaving them is seen doing so.
 // Call it after subscribing, so that nothing forked meanwhile is missed.
 func (r *Record) Seed() error {
+	stats, err := r.readStats()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seed(stats)
+	return nil
+}
+
+// readStats reads the stat of every process alive now.
+func (r *Record) readStats() (map[int]proc.Stat, error) {
 	pids, err := r.fs.PIDs()
 	if err != nil {
-		return fmt.Errorf("listing processes: %w", err)
+		return nil, fmt.Errorf("listing processes: %w", err)
 	}
 	stats := make(map[int]proc.Stat, len(pids))
 	for _, pid := range pids {
@@ -226,8 +238,12 @@ func (r *Record) Seed() error {
 			stats[pid] = st
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	return stats, nil
+}
+
+// seed records the processes of stats (Seed): an entry whose PID another
+// process holds now is dead. Called with the lock held.
+func (r *Record) seed(stats map[int]proc.Stat) {
 	r.readBootOffset(time.Now())
 	var seeded []*node
 	for pid, st := range stats {
@@ -254,47 +270,33 @@ func (r *Record) Seed() error {
 			p.kids++
 		}
 	}
-	return nil
 }
 
 // Resync follows lost events: what was missed is unknown (an exec, a
 // fork, a thread), so every entry loses its proof of descent and its
 // thread count, the dead are found and pruned, and the living are seeded
-// anew.
+// anew, from one read of each process.
 func (r *Record) Resync() error {
-	type seen struct {
-		n      *node
-		gen    uint64
-		known  bool
-		start  uint64
-		forkTS uint64
-	}
+	stats, err := r.readStats()
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.resyncs++
-	live := make([]seen, 0, len(r.live))
 	for _, n := range r.live {
 		n.atFork, n.counted = false, false
-		live = append(live, seen{n, n.gen, n.known, n.start, n.forkTS})
 	}
 	for n := range r.dead {
 		n.atFork = false
 	}
-	r.mu.Unlock()
-	for _, s := range live {
-		st, err := r.fs.ReadStat(s.n.pid)
-		r.mu.Lock()
-		if s.n.gen == s.gen && r.live[s.n.pid] == s.n {
-			switch {
-			case err == nil && s.known && st.StartTime == s.start:
-			case err == nil && !s.known && r.startedBy(st.StartTime, s.forkTS):
-				s.n.start, s.n.known = st.StartTime, true
-			default:
-				r.die(s.n)
-			}
-		}
-		r.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return r.Seed()
+	for pid, n := range r.live {
+		if _, ok := stats[pid]; !ok {
+			r.die(n)
+		}
+	}
+	r.seed(stats)
+	return nil
 }
 
 // link names n's parent: the live process with PID parent, unless it
@@ -511,16 +513,11 @@ func (r *Record) ExecedChild(h Key) (Key, bool) {
 	return n.parent.key(), true
 }
 
-// Apply records one event.
-func (r *Record) Apply(ev procevents.Event) {
-	r.ApplyBatch([]procevents.Event{ev}, time.Now())
-}
-
 // ApplyBatch records events received at now, in their order, and reports
 // whether exits wait for FlushExits. Reading /proc for them happens here,
 // and only where needed: a parent's start time at its first child's fork,
-// a child's at its fork while forks are rare, its files and its parent's
-// at its exec when the parent may hold a GPU device.
+// a child's when its PID was live in the record at its fork, its files and
+// its parent's at its exec when the parent may hold a GPU device.
 func (r *Record) ApplyBatch(evs []procevents.Event, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -643,7 +640,7 @@ func (r *Record) exit(ev procevents.Event, now time.Time) {
 		r.exiting[ev.PID] = now
 		return
 	}
-	if !ev.Thread() || n.leaderGone {
+	if n.leaderGone {
 		r.exiting[ev.PID] = now
 	}
 }
@@ -739,19 +736,23 @@ func (r *Record) FlushExits(now time.Time) {
 
 // aliveNode reports whether a recorded process has a live thread, and its
 // start time as read: that of a process with its PID that started by its
-// fork event when the record did not know it (ok false when none).
+// fork event when the record did not know it (ok false when none). Its
+// stat is read once.
 func (r *Record) aliveNode(pid int, known bool, start, forkTS uint64) (alive bool, read uint64, ok bool) {
-	if known {
-		return r.alive(pid, start), start, true
+	st, err := r.fs.ReadStat(pid)
+	if !known {
+		if err != nil || !r.startedBy(st.StartTime, forkTS) {
+			return false, 0, false
+		}
+		start = st.StartTime
 	}
-	read, ok = r.readStart(pid, forkTS)
-	return ok && r.alive(pid, read), read, ok
+	return err == nil && r.liveThread(pid, st, start), start, true
 }
 
-// alive reports whether the process (pid, start) has a live thread.
-func (r *Record) alive(pid int, start uint64) bool {
-	st, err := r.fs.ReadStat(pid)
-	if err != nil || st.StartTime != start {
+// liveThread reports whether the process (pid, start), whose stat is st,
+// has a live thread.
+func (r *Record) liveThread(pid int, st proc.Stat, start uint64) bool {
+	if st.StartTime != start {
 		return false
 	}
 	if st.State != 'Z' && st.State != 'X' {

@@ -56,16 +56,7 @@ func BenchmarkForkStorm(b *testing.B) {
 	}
 	// A GPU device node, as the snapshot loop sets them: each exec is then
 	// checked against its parent's files (the storm's parents hold none).
-	dev, err := os.CreateTemp(b.TempDir(), "nvidia")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dev.Close()
-	d, err := proc.StatDevice(dev.Name())
-	if err != nil {
-		b.Fatal(err)
-	}
-	rec.SetDevices([]proc.Device{d})
+	rec.SetDevices([]proc.Device{tempDevice(b)})
 
 	for range b.N {
 		// Settle first: what Follow's seeding allocated is not the storm's.
@@ -79,7 +70,7 @@ func BenchmarkForkStorm(b *testing.B) {
 		cpu0 := cpuTime(b)
 		t0 := time.Now()
 
-		script := fmt.Sprintf(`end=$((SECONDS+%d)); while [ $SECONDS -lt $end ]; do /bin/true; done`, seconds)
+		script := stormScript(seconds)
 		var cmds []*exec.Cmd
 		for i := range max(loops, 1) {
 			cmd := exec.Command("bash", "-c", script)
@@ -159,15 +150,7 @@ func BenchmarkForkStormBacklog(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev, err := os.CreateTemp(b.TempDir(), "nvidia")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dev.Close()
-	d, err := proc.StatDevice(dev.Name())
-	if err != nil {
-		b.Fatal(err)
-	}
+	d := tempDevice(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for range b.N {
@@ -180,7 +163,7 @@ func BenchmarkForkStormBacklog(b *testing.B) {
 		if err := rec.Seed(); err != nil {
 			b.Fatal(err)
 		}
-		script := fmt.Sprintf(`end=$((SECONDS+%d)); while [ $SECONDS -lt $end ]; do /bin/true; done`, seconds)
+		script := stormScript(seconds)
 		var cmds []*exec.Cmd
 		for range loops {
 			cmd := exec.Command("bash", "-c", script)
@@ -225,6 +208,25 @@ func BenchmarkForkStormBacklog(b *testing.B) {
 		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(forks), "cpu-us/proc")
 		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(events), "cpu-us/event")
 	}
+}
+
+// tempDevice stands for a GPU's device node: a file that no process holds.
+func tempDevice(b *testing.B) proc.Device {
+	f, err := os.CreateTemp(b.TempDir(), "nvidia")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	d, err := proc.StatDevice(f.Name())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// stormScript is a shell loop that starts /bin/true for seconds.
+func stormScript(seconds int) string {
+	return fmt.Sprintf(`end=$((SECONDS+%d)); while [ $SECONDS -lt $end ]; do /bin/true; done`, seconds)
 }
 
 // threadCPU is the calling thread's user and system time.

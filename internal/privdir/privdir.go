@@ -124,6 +124,20 @@ func check(dir string, fi os.FileInfo, n Names, rootToo bool) error {
 	return nil
 }
 
+// Path is the directory's absolute path.
+func (d *Dir) Path() string { return d.path }
+
+// SameFile reports whether path names, now, the file f: the one that was
+// opened through the directory.
+func SameFile(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
+}
+
 // LinkError is the error for a symbolic link that stands where a file of
 // the directory should be: it is not followed, and the line says so.
 func LinkError(path string, n Names) error {

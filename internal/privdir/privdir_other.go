@@ -28,9 +28,6 @@ func openNoFollow(abs string, n Names) (*Dir, error) {
 
 func (d *Dir) stat() (os.FileInfo, error) { return os.Lstat(d.path) }
 
-// Path is the directory's absolute path.
-func (d *Dir) Path() string { return d.path }
-
 // Close does nothing here.
 func (d *Dir) Close() error { return nil }
 
@@ -54,16 +51,6 @@ func (d *Dir) Remove(name string) error { return os.Remove(filepath.Join(d.path,
 // Rename renames from to to, both in the directory.
 func (d *Dir) Rename(from, to string) error {
 	return os.Rename(filepath.Join(d.path, from), filepath.Join(d.path, to))
-}
-
-// SameFile reports whether path names, now, the file f.
-func SameFile(f *os.File, path string) bool {
-	a, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	b, err := os.Stat(path)
-	return err == nil && os.SameFile(a, b)
 }
 
 // fileOwner is the UID that owns fi: none where files have no UID.

@@ -31,9 +31,6 @@ func openNoFollow(abs string, n Names) (*Dir, error) {
 
 func (d *Dir) stat() (os.FileInfo, error) { return d.f.Stat() }
 
-// Path is the directory's absolute path.
-func (d *Dir) Path() string { return d.path }
-
 // Close closes the directory.
 func (d *Dir) Close() error { return d.f.Close() }
 
@@ -117,17 +114,6 @@ func (d *Dir) Rename(from, to string) error {
 		return &os.LinkError{Op: "rename", Old: filepath.Join(d.path, from), New: filepath.Join(d.path, to), Err: err}
 	}
 	return nil
-}
-
-// SameFile reports whether path names, now, the file f: the one that was
-// opened through the directory.
-func SameFile(f *os.File, path string) bool {
-	a, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	b, err := os.Stat(path)
-	return err == nil && os.SameFile(a, b)
 }
 
 // fileOwner is the UID that owns fi.

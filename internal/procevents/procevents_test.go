@@ -13,13 +13,7 @@ import (
 
 // A real child: its fork, exec and exit arrive, with our PID as the parent.
 func TestListenRealChild(t *testing.T) {
-	l, err := Listen()
-	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
-		t.Skipf("not root: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listen(t)
 	defer l.Close()
 	got := make(chan []Event, 64)
 	go func() {
@@ -82,38 +76,26 @@ func monotonic(t *testing.T) uint64 {
 }
 
 func TestParse(t *testing.T) {
-	msg := func(kind Kind, fields ...uint32) []byte {
-		b := make([]byte, cnMsgLen+procEventHdrLen+4*len(fields))
-		ne := binary.NativeEndian
-		ne.PutUint32(b[0:], cnIdxProc)
-		ne.PutUint32(b[4:], cnValProc)
-		ne.PutUint16(b[16:], uint16(procEventHdrLen+4*len(fields)))
-		ne.PutUint32(b[cnMsgLen:], uint32(kind))
-		for i, f := range fields {
-			ne.PutUint32(b[cnMsgLen+procEventHdrLen+4*i:], f)
-		}
-		return b
-	}
 	for _, tc := range []struct {
 		name string
 		b    []byte
 		want Event
 		ok   bool
 	}{
-		{"fork", msg(Fork, 10, 10, 12, 12), Event{Kind: Fork, ParentPID: 10, TID: 12, PID: 12}, true},
-		{"thread", msg(Fork, 10, 10, 13, 10), Event{Kind: Fork, ParentPID: 10, TID: 13, PID: 10}, true},
-		{"exec", msg(Exec, 12, 12), Event{Kind: Exec, TID: 12, PID: 12}, true},
-		{"exit", msg(Exit, 14, 12, 0, 17, 1, 1), Event{Kind: Exit, TID: 14, PID: 12}, true},
+		{"fork", cnMessage(Fork, 10, 10, 12, 12), Event{Kind: Fork, ParentPID: 10, TID: 12, PID: 12}, true},
+		{"thread", cnMessage(Fork, 10, 10, 13, 10), Event{Kind: Fork, ParentPID: 10, TID: 13, PID: 10}, true},
+		{"exec", cnMessage(Exec, 12, 12), Event{Kind: Exec, TID: 12, PID: 12}, true},
+		{"exit", cnMessage(Exit, 14, 12, 0, 17, 1, 1), Event{Kind: Exit, TID: 14, PID: 12}, true},
 		{"timestamp", func() []byte {
-			b := msg(Exit, 14, 12)
+			b := cnMessage(Exit, 14, 12)
 			binary.NativeEndian.PutUint64(b[cnMsgLen+8:], 123456789)
 			return b
 		}(), Event{Kind: Exit, TID: 14, PID: 12, Timestamp: 123456789}, true},
-		{"uid change dropped", msg(0x4, 12, 12, 0, 0), Event{}, false},
-		{"short", msg(Fork, 10, 10)[:cnMsgLen+procEventHdrLen+8], Event{}, false},
+		{"uid change dropped", cnMessage(0x4, 12, 12, 0, 0), Event{}, false},
+		{"short", cnMessage(Fork, 10, 10)[:cnMsgLen+procEventHdrLen+8], Event{}, false},
 		{"truncated", []byte{1, 0, 0}, Event{}, false},
-		{"other connector", func() []byte { b := msg(Exec, 1, 1); b[0] = 9; return b }(), Event{}, false},
-		{"length past the data", func() []byte { b := msg(Exec, 1, 1); b[16] = 200; return b }(), Event{}, false},
+		{"other connector", func() []byte { b := cnMessage(Exec, 1, 1); b[0] = 9; return b }(), Event{}, false},
+		{"length past the data", func() []byte { b := cnMessage(Exec, 1, 1); b[16] = 200; return b }(), Event{}, false},
 	} {
 		got, ok := Parse(tc.b)
 		if ok != tc.ok || got != tc.want {
@@ -125,33 +107,13 @@ func TestParse(t *testing.T) {
 // A datagram may hold more than one netlink message; a length past the
 // datagram ends it.
 func TestAppendMessages(t *testing.T) {
-	nl := func(payload []byte) []byte {
-		n := unix.SizeofNlMsghdr + len(payload)
-		b := make([]byte, (n+3)&^3)
-		binary.NativeEndian.PutUint32(b[0:], uint32(n))
-		binary.NativeEndian.PutUint16(b[4:], unix.NLMSG_DONE)
-		copy(b[unix.SizeofNlMsghdr:], payload)
-		return b
-	}
-	cn := func(kind Kind, fields ...uint32) []byte {
-		b := make([]byte, cnMsgLen+procEventHdrLen+4*len(fields))
-		ne := binary.NativeEndian
-		ne.PutUint32(b[0:], cnIdxProc)
-		ne.PutUint32(b[4:], cnValProc)
-		ne.PutUint16(b[16:], uint16(procEventHdrLen+4*len(fields)))
-		ne.PutUint32(b[cnMsgLen:], uint32(kind))
-		for i, f := range fields {
-			ne.PutUint32(b[cnMsgLen+procEventHdrLen+4*i:], f)
-		}
-		return b
-	}
-	two := append(nl(cn(Fork, 1, 1, 5, 5)), nl(cn(Exit, 5, 5))...)
+	two := append(nlMessage(cnMessage(Fork, 1, 1, 5, 5)), nlMessage(cnMessage(Exit, 5, 5))...)
 	got := appendMessages(nil, two)
 	want := []Event{{Kind: Fork, ParentPID: 1, TID: 5, PID: 5}, {Kind: Exit, TID: 5, PID: 5}}
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("two messages: %+v, want %+v", got, want)
 	}
-	bad := nl(cn(Exec, 7, 7))
+	bad := nlMessage(cnMessage(Exec, 7, 7))
 	binary.NativeEndian.PutUint32(bad[0:], uint32(len(bad)+4))
 	if got := appendMessages(nil, bad); len(got) != 0 {
 		t.Errorf("a length past the datagram: %+v, want nothing", got)
@@ -161,13 +123,35 @@ func TestAppendMessages(t *testing.T) {
 	}
 }
 
-func FuzzParse(f *testing.F) {
-	f.Add([]byte{1, 0, 0, 0, 1, 0, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) { Parse(b) })
+// cnMessage is a connector message (struct cn_msg, struct proc_event) of
+// kind with the event's fields.
+func cnMessage(kind Kind, fields ...uint32) []byte {
+	b := make([]byte, cnMsgLen+procEventHdrLen+4*len(fields))
+	ne := binary.NativeEndian
+	ne.PutUint32(b[0:], cnIdxProc)
+	ne.PutUint32(b[4:], cnValProc)
+	ne.PutUint16(b[16:], uint16(procEventHdrLen+4*len(fields)))
+	ne.PutUint32(b[cnMsgLen:], uint32(kind))
+	for i, f := range fields {
+		ne.PutUint32(b[cnMsgLen+procEventHdrLen+4*i:], f)
+	}
+	return b
 }
 
-// A Receive that waits returns at its deadline, and at Close.
-func TestReceiveDeadlineAndClose(t *testing.T) {
+// nlMessage is payload in a netlink message, as the kernel frames it.
+func nlMessage(payload []byte) []byte {
+	n := unix.SizeofNlMsghdr + len(payload)
+	b := make([]byte, (n+3)&^3)
+	binary.NativeEndian.PutUint32(b[0:], uint32(n))
+	binary.NativeEndian.PutUint16(b[4:], unix.NLMSG_DONE)
+	copy(b[unix.SizeofNlMsghdr:], payload)
+	return b
+}
+
+// listen subscribes, skipping the test where the events need privileges
+// it lacks.
+func listen(t *testing.T) *Listener {
+	t.Helper()
 	l, err := Listen()
 	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
 		t.Skipf("not root: %v", err)
@@ -175,6 +159,17 @@ func TestReceiveDeadlineAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte{1, 0, 0, 0, 1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) { Parse(b) })
+}
+
+// A Receive that waits returns at its deadline, and at Close.
+func TestReceiveDeadlineAndClose(t *testing.T) {
+	l := listen(t)
 	// Other processes' events may come first: read until the deadline.
 	l.SetDeadline(time.Now().Add(100 * time.Millisecond))
 	for {
@@ -207,13 +202,7 @@ func TestReceiveDeadlineAndClose(t *testing.T) {
 // socket sends to the listener's port (a privileged process may) is not
 // an event, whatever it says.
 func TestForgedEventDropped(t *testing.T) {
-	l, err := Listen()
-	if errors.Is(err, ErrUnavailable) && os.Geteuid() != 0 {
-		t.Skipf("not root: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listen(t)
 	defer l.Close()
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
 	if err != nil {
@@ -221,19 +210,7 @@ func TestForgedEventDropped(t *testing.T) {
 	}
 	defer unix.Close(fd)
 	const forged = 999999 // a PID no process has: pid_max is at most 4194304, and nothing runs it
-	payload := make([]byte, cnMsgLen+procEventHdrLen+16)
-	ne := binary.NativeEndian
-	ne.PutUint32(payload[0:], cnIdxProc)
-	ne.PutUint32(payload[4:], cnValProc)
-	ne.PutUint16(payload[16:], procEventHdrLen+16)
-	ne.PutUint32(payload[cnMsgLen:], uint32(Fork))
-	for i, v := range []uint32{1, 1, forged, forged} {
-		ne.PutUint32(payload[cnMsgLen+procEventHdrLen+4*i:], v)
-	}
-	msg := make([]byte, unix.SizeofNlMsghdr+len(payload))
-	ne.PutUint32(msg[0:], uint32(len(msg)))
-	ne.PutUint16(msg[4:], unix.NLMSG_DONE)
-	copy(msg[unix.SizeofNlMsghdr:], payload)
+	msg := nlMessage(cnMessage(Fork, 1, 1, forged, forged))
 	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: l.port}); err != nil {
 		t.Fatalf("sending to the listener's port: %v", err)
 	}

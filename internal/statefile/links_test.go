@@ -18,29 +18,14 @@ import (
 // in any error. Save replaces a link in a directory of our own, never
 // writing through it.
 func TestLinksAndOthersDirectories(t *testing.T) {
-	user := testenv.UnprivilegedUser(t)
-	base := t.TempDir()
-	for _, d := range []string{filepath.Dir(base), base} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n := testenv.NewNeighbour(t)
 	const secretText = "Zsecret of root\n"
-	secret := filepath.Join(base, "secret")
+	secret := filepath.Join(n.Base, "secret")
 	if err := os.WriteFile(secret, []byte(secretText), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(base, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(tmp, "u")
-	testenv.AsUser(t, user, "mkdir", "-m", "0755", dir)
+	dir := n.Dir(t, "u", map[string]string{"exporter.json": secret})
 	path := filepath.Join(dir, "exporter.json")
-	testenv.AsUser(t, user, "ln", "-s", secret, path)
 
 	leaks := func(t *testing.T, what string, err error) {
 		t.Helper()

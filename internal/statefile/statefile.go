@@ -29,11 +29,7 @@ var names = privdir.Names{Dir: "the state file's directory", File: "the state fi
 // checks it, and the file if there is one, as Load and Save will: for a
 // daemon to refuse to start, in one line, rather than fail at each save.
 func Check(path string) error {
-	dir, base, err := split(path)
-	if err != nil {
-		return err
-	}
-	d, err := privdir.Make(dir, names)
+	d, base, err := openDir(path, privdir.Make)
 	if err != nil {
 		return err
 	}
@@ -50,11 +46,7 @@ func Check(path string) error {
 
 // Load reads the state at path. ok is false when there is none yet.
 func Load(path string) (data []byte, ok bool, err error) {
-	dir, base, err := split(path)
-	if err != nil {
-		return nil, false, err
-	}
-	d, err := privdir.Open(dir, names)
+	d, base, err := openDir(path, privdir.Open)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
 	}
@@ -84,11 +76,7 @@ func Load(path string) (data []byte, ok bool, err error) {
 // 0700 when missing; the file is 0600 whatever the umask. A link at path
 // is replaced, not followed.
 func Save(path string, data []byte) error {
-	dir, base, err := split(path)
-	if err != nil {
-		return err
-	}
-	d, err := privdir.Make(dir, names)
+	d, base, err := openDir(path, privdir.Make)
 	if err != nil {
 		return err
 	}
@@ -120,11 +108,13 @@ func Save(path string, data []byte) error {
 	return nil
 }
 
-// split is path's directory and name.
-func split(path string) (dir, base string, err error) {
+// openDir opens path's directory with open (privdir.Make or
+// privdir.Open), and says path's name in it.
+func openDir(path string, open func(string, privdir.Names) (*privdir.Dir, error)) (d *privdir.Dir, base string, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return "", "", fmt.Errorf("the state file %q: %w", path, err)
+		return nil, "", fmt.Errorf("the state file %q: %w", path, err)
 	}
-	return filepath.Dir(abs), filepath.Base(abs), nil
+	d, err = open(filepath.Dir(abs), names)
+	return d, filepath.Base(abs), err
 }

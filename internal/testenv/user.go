@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,4 +67,41 @@ func AsUser(t testing.TB, cred *syscall.Credential, argv ...string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v as UID %d: %v %s", argv, cred.Uid, err, out)
 	}
+}
+
+// Neighbour is the scene of issue 24, item 4: a user of the test's own
+// (UnprivilegedUser), and a /tmp (1777) in a directory of root's that the
+// user may cross, where the test keeps root's own files too.
+type Neighbour struct {
+	User *syscall.Credential
+	Base string // root's directory, 0755 as is its parent: the user crosses them
+	Tmp  string // Base/tmp, 1777
+}
+
+// NewNeighbour makes the scene; it skips the test as UnprivilegedUser does.
+func NewNeighbour(t testing.TB) *Neighbour {
+	t.Helper()
+	n := &Neighbour{User: UnprivilegedUser(t), Base: t.TempDir()}
+	n.Tmp = filepath.Join(n.Base, "tmp")
+	if err := os.Mkdir(n.Tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for d, mode := range map[string]os.FileMode{filepath.Dir(n.Base): 0o755, n.Base: 0o755, n.Tmp: 0o777 | os.ModeSticky} {
+		if err := os.Chmod(d, mode); err != nil { // whatever the umask
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// Dir is a directory that the user makes in Tmp, 0755, with the symbolic
+// links that the user makes in it: name -> target.
+func (n *Neighbour) Dir(t testing.TB, name string, links map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(n.Tmp, name)
+	AsUser(t, n.User, "mkdir", "-m", "0755", dir)
+	for link, target := range links {
+		AsUser(t, n.User, "ln", "-s", target, filepath.Join(dir, link))
+	}
+	return dir
 }

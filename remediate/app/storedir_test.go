@@ -70,31 +70,22 @@ func TestStartRefusesStoreDirectory(t *testing.T) {
 // dangling link points. (The remediator chmod-ed root's file 0600, then
 // failed; or created its database where the user chose.)
 func TestStartRefusesStoreLinks(t *testing.T) {
-	user := testenv.UnprivilegedUser(t)
-	base := t.TempDir()
-	for _, d := range []string{filepath.Dir(base), base} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	token := filepath.Join(base, "token")
+	n := testenv.NewNeighbour(t)
+	token := filepath.Join(n.Base, "token")
 	if err := os.WriteFile(token, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const text = "root's file\n"
-	victim := filepath.Join(base, "victim")
+	victim := filepath.Join(n.Base, "victim")
 	if err := os.WriteFile(victim, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	secret := filepath.Join(base, "secret")
-	tmp := filepath.Join(base, "tmp")
-	for d, mode := range map[string]os.FileMode{secret: 0o700, tmp: 0o777 | os.ModeSticky} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(d, mode); err != nil {
-			t.Fatal(err)
-		}
+	secret := filepath.Join(n.Base, "secret")
+	if err := os.Mkdir(secret, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(secret, 0o700); err != nil {
+		t.Fatal(err)
 	}
 	root := testenv.SimNode(t, 1)
 	run := func(store string) error {
@@ -110,10 +101,8 @@ func TestStartRefusesStoreLinks(t *testing.T) {
 		{"file", victim},
 		{"dangling", filepath.Join(secret, "chosen.db")},
 	} {
-		dir := filepath.Join(tmp, tc.dir)
+		dir := n.Dir(t, tc.dir, map[string]string{"remediator.db": tc.target})
 		link := filepath.Join(dir, "remediator.db")
-		testenv.AsUser(t, user, "mkdir", "-m", "0755", dir)
-		testenv.AsUser(t, user, "ln", "-s", tc.target, link)
 
 		err := run(link)
 		if err == nil || !strings.Contains(err.Error(), "the store directory "+dir+" belongs to ") ||

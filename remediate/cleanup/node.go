@@ -314,11 +314,7 @@ func (n *Node) Act(ctx context.Context, a remediate.Action, plan decide.Plan) re
 			// Every survivor is held in a tracing stop by a tracer that
 			// is not a target: the tracer's user's doing.
 			a.Escalation = remediate.EscalationTracedHolder
-			var who []string
-			for _, tr := range tracers(a.Targets) {
-				who = append(who, tr.Who())
-			}
-			a.Reason += "; the targets that outlived their signals are held in a tracing stop by their tracer: " + strings.Join(who, "; ")
+			a.Reason += "; the targets that outlived their signals are held in a tracing stop by their tracer: " + tracersWho(a.Targets)
 			a.NextStep = tracedNextStep(a)
 		}
 	}
@@ -555,7 +551,7 @@ func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftove
 			continue
 		}
 		kind, detail := "alive", "survived SIGKILL"
-		if t.State == "t" && t.Tracer != nil {
+		if tracedStop(t) {
 			out = append(out, remediate.Leftover{PID: t.PID, Kind: LeftoverTraced,
 				Detail: "held in a tracing stop by its tracer " + t.Tracer.Who() + " (ptrace): it finishes dying when the tracer lets it go or ends"})
 			continue

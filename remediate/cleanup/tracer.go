@@ -48,7 +48,7 @@ func (n *Node) withTracers(plan decide.Plan, snap func() *snapshot.Snapshot) dec
 		if t.Tracer != nil {
 			continue
 		}
-		tr, tp, _ := kill.TracerOf(n.cfg.Proc, t.PID, t.StartTime)
+		tr, tp := kill.TracerOf(n.cfg.Proc, t.PID, t.StartTime)
 		if tr == nil {
 			continue
 		}
@@ -121,7 +121,7 @@ func heldByTracers(ts []remediate.Target) bool {
 	for _, t := range ts {
 		switch {
 		case targetGone(t):
-		case t.Outcome == kill.OutcomeStillAlive && t.State == "t" && t.Tracer != nil:
+		case tracedStop(t):
 			held = true
 		default:
 			return false
@@ -130,27 +130,32 @@ func heldByTracers(ts []remediate.Target) bool {
 	return held
 }
 
-// tracers names, once each, the tracers that hold surviving targets.
-func tracers(ts []remediate.Target) []remediate.Tracer {
-	var out []remediate.Tracer
+// tracedStop reports whether t outlived its signals in a tracing stop
+// under a named tracer.
+func tracedStop(t remediate.Target) bool {
+	return t.Outcome == kill.OutcomeStillAlive && t.State == "t" && t.Tracer != nil
+}
+
+// tracersWho names, once each, the tracers that hold surviving targets,
+// for people.
+func tracersWho(ts []remediate.Target) string {
+	var seen []remediate.Tracer
+	var who []string
 	for _, t := range ts {
 		if t.Tracer == nil || targetGone(t) {
 			continue
 		}
-		if !slices.ContainsFunc(out, func(o remediate.Tracer) bool { return o.PID == t.Tracer.PID && o.StartTime == t.Tracer.StartTime }) {
-			out = append(out, *t.Tracer)
+		if !slices.ContainsFunc(seen, func(o remediate.Tracer) bool { return o.PID == t.Tracer.PID && o.StartTime == t.Tracer.StartTime }) {
+			seen = append(seen, *t.Tracer)
+			who = append(who, t.Tracer.Who())
 		}
 	}
-	return out
+	return strings.Join(who, "; ")
 }
 
 func tracedNextStep(a remediate.Action) string {
-	var who []string
-	for _, tr := range tracers(a.Targets) {
-		who = append(who, tr.Who())
-	}
 	return "the targets were signalled, and their tracer holds them in a tracing stop (ptrace: at their exit, or at the signal), their descriptors and so the GPU's memory still open: " +
-		strings.Join(who, "; ") + ". Nothing proves the tracer a target, so gpu-orphan does not signal it: the hold is its user's. " +
+		tracersWho(a.Targets) + ". Nothing proves the tracer a target, so gpu-orphan does not signal it: the hold is its user's. " +
 		"Ask that user to end or detach it; when the tracer ends, its tracees finish dying and the memory comes back. " +
 		"This is not counted toward the circuit breaker: other users' cleanups go on"
 }

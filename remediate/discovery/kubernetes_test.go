@@ -239,3 +239,35 @@ func TestMetricDocumented(t *testing.T) {
 		t.Error("docs/metrics.md does not document gpu_orphan_dispatcher_discovered_agents")
 	}
 }
+
+// TestPodsReadOncePerEndpoint: the check of an endpoint against its pod
+// reads the API server when the endpoint's slice changes, not at each
+// look-up (each alert) nor when another slice changes: gpu-a's pod, gone
+// from the API server after the first check, stays an agent while its
+// slice is unchanged.
+func TestPodsReadOncePerEndpoint(t *testing.T) {
+	api := kubeapi.Start(t, ns)
+	ds := api.AddDaemonSet(service)
+	api.AddPod(kubeapi.AgentPod("agent-gpu-a", ds, "gpu-a", "10.0.0.5", "remediator", 10836))
+	api.AddPod(kubeapi.AgentPod("agent-gpu-b", ds, "gpu-b", "10.0.0.6", "remediator", 10836))
+	api.Apply(kubeapi.Slice("agents-a", service, "remediator", 10836, kubeapi.Endpoint("gpu-a", "10.0.0.5", ready)))
+	k, err := start(t, api, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAgents(t, k, map[string]string{"gpu-a": "http://10.0.0.5:10836"})
+	gets := api.PodGets()
+	if gets == 0 {
+		t.Fatal("no pod was read")
+	}
+	for range 100 {
+		k.Agents()
+	}
+	if got := api.PodGets(); got != gets {
+		t.Errorf("100 look-ups read the API server %d times, want 0", got-gets)
+	}
+
+	api.DeletePod("agent-gpu-a")
+	api.Apply(kubeapi.Slice("agents-b", service, "remediator", 10836, kubeapi.Endpoint("gpu-b", "10.0.0.6", ready)))
+	waitAgents(t, k, map[string]string{"gpu-a": "http://10.0.0.5:10836", "gpu-b": "http://10.0.0.6:10836"})
+}

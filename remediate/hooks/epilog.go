@@ -14,6 +14,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate/cleanup"
 	"github.com/gpu-orphan/gpu-orphan/remediate/decide"
 	"github.com/gpu-orphan/gpu-orphan/remediate/jobend"
+	"github.com/gpu-orphan/gpu-orphan/remediate/kill"
 )
 
 // EpilogHelp is the epilog's --help.
@@ -44,22 +45,19 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	// The job-end rule decides every plan, the node's own re-plans (for
 	// holders a plan did not name) included: nothing outside the job is
 	// ever a target.
-	node := cleanup.New(cleanup.Config{
-		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
-		Planner: func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan {
-			return jobend.Plan(s, gpuID, h.job, h.cfg, now)
-		},
-		// A tracer of the job's processes that is in the job's cgroup is
-		// the job's to end too (its end lets its tracees die).
-		TracerRule: func(_ *snapshot.Snapshot, p proc.Process, _ time.Time) string {
-			if p.SlurmJob != h.job.ID {
-				return ""
-			}
-			return "a process of job " + h.job.ID + " (cgroup " + p.Cgroup + ")"
-		},
-		Ladder: h.ladder(nil), Act: true, VerifyTimeout: o.VerifyTimeout,
-		Recorder: h.recorder(), Logger: h.nodeLogger(),
-	})
+	cfg := h.nodeConfig(nil)
+	cfg.Planner = func(s *snapshot.Snapshot, gpuID string, now time.Time) decide.Plan {
+		return jobend.Plan(s, gpuID, h.job, h.cfg, now)
+	}
+	// A tracer of the job's processes that is in the job's cgroup is the
+	// job's to end too (its end lets its tracees die).
+	cfg.TracerRule = func(_ *snapshot.Snapshot, p proc.Process, _ time.Time) string {
+		if p.SlurmJob != h.job.ID {
+			return ""
+		}
+		return "a process of job " + h.job.ID + " (cgroup " + p.Cgroup + ")"
+	}
+	node := cleanup.New(cfg)
 	checked := slices.Clone(jobGPUs)
 	var problems []problem
 	for round := 1; round <= maxEpilogRounds && ctx.Err() == nil; round++ {
@@ -110,6 +108,17 @@ func RunEpilog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 	}
 	ok += fmt.Sprintf(" (%.2f s)", time.Since(start).Seconds())
 	return h.finish(ok, nil)
+}
+
+// nodeConfig is the cleanup both hooks run: this hook's snapshots, rules,
+// kill ladder (groups re-lists whole process groups; nil for none) and
+// record, acting.
+func (h *hook) nodeConfig(groups kill.GroupLister) cleanup.Config {
+	return cleanup.Config{
+		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
+		Ladder: h.ladder(groups), Act: true, VerifyTimeout: h.o.VerifyTimeout,
+		Recorder: h.recorder(), Logger: h.nodeLogger(),
+	}
 }
 
 // recorder is the store as the node's recorder, or nil: a nil *Store in

@@ -36,11 +36,7 @@ func RunProlog(logger *slog.Logger, backend *cli.Backend, o *Options) int {
 		return code
 	}
 	defer closeAll()
-	node := cleanup.New(cleanup.Config{
-		Snapshots: h.loop, Proc: h.fs, Decide: h.cfg,
-		Ladder: h.ladder(h.fs), Act: true, VerifyTimeout: o.VerifyTimeout,
-		Recorder: h.recorder(), Logger: h.nodeLogger(),
-	})
+	node := cleanup.New(h.nodeConfig(h.fs))
 	var problems []problem
 	for _, uuid := range gpus {
 		g, ok := s.GPUByID(uuid)

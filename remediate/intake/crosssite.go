@@ -28,20 +28,16 @@ import (
 // whatever it sends); refusals are logged as rejected requests are,
 // throttled.
 func (a *Auth) RefuseCrossSite(externalURL *url.URL) (func(http.Handler) http.Handler, error) {
-	cop := http.NewCrossOriginProtection()
-	if externalURL != nil && externalURL.Host != "" {
-		if err := cop.AddTrustedOrigin(externalURL.Scheme + "://" + externalURL.Host); err != nil {
-			return nil, fmt.Errorf("--web.external-url: %w", err)
-		}
-	}
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.metrics.Requests.WithLabelValues("403").Inc()
+	cop, err := a.crossOriginProtection(externalURL, func(w http.ResponseWriter, r *http.Request) {
 		a.warn.Warn("Refused a cross-site request", "remote", sourceOf(r), "method", r.Method, "path", r.URL.Path,
 			"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
 		httpError(w, http.StatusForbidden, "cross-site request refused: %s %s from origin %q, which is not this remediator's (%s); "+
 			"if browsers reach it under another URL, give that URL as --web.external-url",
 			r.Method, r.URL.Path, r.Header.Get("Origin"), r.Host)
-	}))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--web.external-url: %w", err)
+	}
 	return func(next http.Handler) http.Handler {
 		return cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !safeMethod(r.Method) && !jsonOrBearer(r) {
@@ -55,6 +51,23 @@ func (a *Auth) RefuseCrossSite(externalURL *url.URL) (func(http.Handler) http.Ha
 			next.ServeHTTP(w, r)
 		}))
 	}, nil
+}
+
+// crossOriginProtection refuses, with deny, a request that is not GET,
+// HEAD or OPTIONS from another origin than the request's own Host and
+// externalURL's, when set; each refusal counts as a 403.
+func (a *Auth) crossOriginProtection(externalURL *url.URL, deny http.HandlerFunc) (*http.CrossOriginProtection, error) {
+	cop := http.NewCrossOriginProtection()
+	if externalURL != nil && externalURL.Host != "" {
+		if err := cop.AddTrustedOrigin(externalURL.Scheme + "://" + externalURL.Host); err != nil {
+			return nil, err
+		}
+	}
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.metrics.Requests.WithLabelValues("403").Inc()
+		deny(w, r)
+	}))
+	return cop, nil
 }
 
 func safeMethod(m string) bool {

@@ -59,7 +59,13 @@ const fleetMaxNonces = 1 << 16
 
 // FleetKey is node's key, derived from the fleet's secret.
 func FleetKey(secret, node string) []byte {
-	k, err := hkdf.Key(sha256.New, []byte(secret), nil, "gpu-orphan fleet request v1\x00"+node, sha256.Size)
+	return deriveKey([]byte(secret), "gpu-orphan fleet request v1\x00"+node)
+}
+
+// deriveKey is the key for info (what it signs) derived from secret:
+// HKDF-SHA256, the fleet's per-node keys' and the session cookies'.
+func deriveKey(secret []byte, info string) []byte {
+	k, err := hkdf.Key(sha256.New, secret, nil, info, sha256.Size)
 	if err != nil {
 		// Only a key length beyond HKDF's bound fails.
 		panic(err)
@@ -123,9 +129,7 @@ func (v *fleetVerifier) ok(r *http.Request) bool {
 		return false
 	}
 	if err := v.verify(r, strings.TrimSpace(cred)); err != nil {
-		if v.warn != nil {
-			v.warn.Warn("Rejected a signed fleet request", "remote", sourceOf(r), "path", r.URL.Path, "err", err)
-		}
+		v.warn.Warn("Rejected a signed fleet request", "remote", sourceOf(r), "path", r.URL.Path, "err", err)
 		return false
 	}
 	return true

@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -104,9 +103,7 @@ func (s SessionScope) encode() []byte {
 type DeniedPage func(w http.ResponseWriter, r *http.Request, code int, problem string, tokenSignIn bool)
 
 func sessionKey(tokenSum [32]byte) []byte {
-	m := hmac.New(sha256.New, tokenSum[:])
-	m.Write([]byte("gpu-orphan session key v1"))
-	return m.Sum(nil)
+	return deriveKey(tokenSum[:], "gpu-orphan session key v2")
 }
 
 // newSession is a fresh cookie value for a session that ends at expires.
@@ -158,36 +155,34 @@ func (a *Auth) sessionOK(r *http.Request) bool {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || !onPages(r.URL.Path) {
 		return false
 	}
-	_, ok := a.validSession(r)
-	return ok
+	return a.SignedIn(r)
 }
 
-// validSession returns the ID of r's session cookie, if the cookie is
-// ours, under this scope, not expired and not revoked; whatever the
-// request's method and path.
-func (a *Auth) validSession(r *http.Request) (string, bool) {
+// validSession returns the ID and the expiry (Unix seconds) of r's
+// session cookie, if the cookie is ours, under this scope, not expired
+// and not revoked; whatever the request's method and path.
+func (a *Auth) validSession(r *http.Request) (id string, exp int64, ok bool) {
 	if !a.hasToken {
-		return "", false
+		return "", 0, false
 	}
 	c, err := r.Cookie(a.sessionCookieName(r))
 	if err != nil {
-		return "", false
+		return "", 0, false
 	}
 	parts := strings.Split(c.Value, ".")
 	if len(parts) != 3 || parts[1] == "" {
-		return "", false
+		return "", 0, false
 	}
-	exp, id := parts[0], parts[1]
-	sec, err := strconv.ParseInt(exp, 10, 64)
-	now := time.Now()
-	if err != nil || now.Unix() >= sec {
-		return "", false
+	id = parts[1]
+	exp, err = strconv.ParseInt(parts[0], 10, 64)
+	if err != nil || time.Now().Unix() >= exp {
+		return "", 0, false
 	}
 	mac, err := base64.RawURLEncoding.DecodeString(parts[2])
-	if err != nil || !hmac.Equal(mac, a.sessionMAC(exp, id)) || a.revokedSession(id, sec) {
-		return "", false
+	if err != nil || !hmac.Equal(mac, a.sessionMAC(parts[0], id)) || a.revokedSession(id, exp) {
+		return "", 0, false
 	}
-	return id, true
+	return id, exp, true
 }
 
 // revokedSession reports whether a logout revoked session id, which
@@ -265,18 +260,10 @@ func (a *Auth) WrapPage(next http.Handler, denied DeniedPage) http.Handler {
 // sameOrigin is the cross-origin protection of the sign-in and sign-out
 // forms: a form of the page's own origin, or of externalURL's.
 func (a *Auth) sameOrigin(externalURL *url.URL, what string, denied DeniedPage) (*http.CrossOriginProtection, error) {
-	cop := http.NewCrossOriginProtection()
-	if externalURL != nil && externalURL.Host != "" {
-		if err := cop.AddTrustedOrigin(externalURL.Scheme + "://" + externalURL.Host); err != nil {
-			return nil, err
-		}
-	}
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.metrics.Requests.WithLabelValues("403").Inc()
+	return a.crossOriginProtection(externalURL, func(w http.ResponseWriter, r *http.Request) {
 		a.warn.Warn("Refused a cross-site "+what, "remote", sourceOf(r), "origin", r.Header.Get("Origin"))
 		denied(w, r, http.StatusForbidden, "A "+what+" from another site is refused. If browsers reach the remediator under another URL, give it as --web.external-url.", a.hasToken)
-	}))
-	return cop, nil
+	})
 }
 
 // Login handles the sign-in form (POST, field token): the right token
@@ -300,8 +287,7 @@ func (a *Auth) Login(externalURL *url.URL, denied DeniedPage) (http.Handler, err
 			denied(w, r, http.StatusBadRequest, "The sign-in form could not be read.", true)
 			return
 		}
-		sum := sha256.Sum256([]byte(strings.TrimSpace(r.PostForm.Get("token"))))
-		if subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) != 1 {
+		if !a.tokenMatches(r.PostForm.Get("token")) {
 			source := sourceOf(r)
 			if a.blocked(source) {
 				a.metrics.Requests.WithLabelValues("429").Inc()
@@ -348,11 +334,8 @@ func (a *Auth) Logout(externalURL *url.URL, denied DeniedPage) (http.Handler, er
 		return nil, err
 	}
 	return cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id, ok := a.validSession(r); ok {
-			c, _ := r.Cookie(a.sessionCookieName(r))
-			exp, _, _ := strings.Cut(c.Value, ".")
-			sec, _ := strconv.ParseInt(exp, 10, 64)
-			a.revoke(id, time.Unix(sec, 0))
+		if id, exp, ok := a.validSession(r); ok {
+			a.revoke(id, time.Unix(exp, 0))
 			a.logger.Info("Signed out of the pages", "remote", sourceOf(r))
 		}
 		c := a.sessionCookie(r)
@@ -366,6 +349,6 @@ func (a *Auth) Logout(externalURL *url.URL, denied DeniedPage) (http.Handler, er
 // SignedIn reports whether r brings a session cookie that holds: the
 // pages offer it a sign-out button.
 func (a *Auth) SignedIn(r *http.Request) bool {
-	_, ok := a.validSession(r)
+	_, _, ok := a.validSession(r)
 	return ok
 }

@@ -322,7 +322,7 @@ func (l *Ladder) tracer(t *remediate.Target) *remediate.Tracer {
 	if l.Proc.Root() == "" {
 		return nil
 	}
-	tr, _, _ := TracerOf(l.Proc, t.PID, t.StartTime)
+	tr, _ := TracerOf(l.Proc, t.PID, t.StartTime)
 	if tr != nil && t.Tracer != nil && t.Tracer.PID == tr.PID && t.Tracer.StartTime == tr.StartTime {
 		tr.Target = t.Tracer.Target
 	}

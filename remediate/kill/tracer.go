@@ -104,17 +104,16 @@ func parseStatus(b []byte) (state string, tracer, tgid int, err error) {
 	return state, tracer, tgid, nil
 }
 
-// TracerOf names the tracer of pid (started at startTime), or returns nil
-// when it is not traced or cannot be read; stopped says whether pid is in
-// a tracing stop.
-func TracerOf(fs proc.FS, pid int, startTime uint64) (tracer *remediate.Tracer, p proc.Process, stopped bool) {
+// TracerOf names the tracer of pid (started at startTime), and reads it,
+// or returns nil when pid is not traced or either cannot be read.
+func TracerOf(fs proc.FS, pid int, startTime uint64) (*remediate.Tracer, proc.Process) {
 	tr, err := ReadTracing(fs, pid, startTime)
 	if err != nil || tr.TracerPID == 0 {
-		return nil, proc.Process{}, tr.Stopped
+		return nil, proc.Process{}
 	}
-	p, err = fs.Process(tr.TracerPID)
+	p, err := fs.Process(tr.TracerPID)
 	if err != nil {
-		return nil, proc.Process{}, tr.Stopped
+		return nil, proc.Process{}
 	}
-	return remediate.NewTracer(p), p, tr.Stopped
+	return remediate.NewTracer(p), p
 }

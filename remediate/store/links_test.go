@@ -7,51 +7,33 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
-// hostile is the scene of issue 24, item 4: a user's directory in a
-// /tmp, holding links that the user made to root's files.
+// hostile is the scene of issue 24, item 4 (testenv.Neighbour): a
+// user's directory in a /tmp, holding links that the user made to root's
+// files.
 type hostile struct {
+	*testenv.Neighbour
 	victim string // root's file, 0644
 	secret string // root's directory, 0700, where no database belongs
-	tmp    string // a /tmp: 1777
-	user   *syscall.Credential
 }
 
 const victimText = "root's file\n"
 
 func newHostile(t *testing.T) *hostile {
 	t.Helper()
-	h := &hostile{user: testenv.UnprivilegedUser(t)}
-	base := t.TempDir()
-	chmod(t, filepath.Dir(base), 0o755) // the test's own, which the user must cross
-	chmod(t, base, 0o755)
-	h.victim = filepath.Join(base, "victim")
+	h := &hostile{Neighbour: testenv.NewNeighbour(t)}
+	h.victim = filepath.Join(h.Base, "victim")
 	if err := os.WriteFile(h.victim, []byte(victimText), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	chmod(t, h.victim, 0o644)
-	h.secret = filepath.Join(base, "secret")
+	h.secret = filepath.Join(h.Base, "secret")
 	mkdir(t, h.secret, 0o700)
-	h.tmp = filepath.Join(base, "tmp")
-	mkdir(t, h.tmp, 0o777|os.ModeSticky)
 	return h
-}
-
-// userDir is a directory that the user makes in the /tmp, with links
-// that the user makes there: name -> target.
-func (h *hostile) userDir(t *testing.T, name string, links map[string]string) string {
-	t.Helper()
-	dir := filepath.Join(h.tmp, name)
-	testenv.AsUser(t, h.user, "mkdir", "-m", "0755", dir)
-	for link, target := range links {
-		testenv.AsUser(t, h.user, "ln", "-s", target, filepath.Join(dir, link))
-	}
-	return dir
 }
 
 // untouched fails the test if root's file or directory changed.
@@ -93,7 +75,7 @@ func TestOpenRefusesLinks(t *testing.T) {
 		{"-shm to root's file", "shm", "r.db-shm", h.victim},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := h.userDir(t, tc.dir, map[string]string{tc.link: tc.target})
+			dir := h.Dir(t, tc.dir, map[string]string{tc.link: tc.target})
 			path := filepath.Join(dir, "r.db")
 
 			if s, err := Open(ctx, path); err == nil {
@@ -158,7 +140,7 @@ func TestOpenReadOnlyRefusesLinks(t *testing.T) {
 	real := filepath.Join(t.TempDir(), "real.db")
 	openTest(t, real).Close()
 
-	dir := h.userDir(t, "report", map[string]string{"r.db": real})
+	dir := h.Dir(t, "report", map[string]string{"r.db": real})
 	if s, err := OpenReadOnly(ctx, filepath.Join(dir, "r.db")); err == nil {
 		s.Close()
 		t.Errorf("OpenReadOnly read a database in %s, the user's directory", dir)

@@ -33,29 +33,39 @@ type Holder struct {
 	PIDNS     string `json:"pid_namespace"`
 }
 
-// self is this process as a Holder, read once.
-var self = sync.OnceValues(func() (Holder, error) {
+// reader is this process as a Holder, and the procfs it reads other
+// holders through, made once: Liveness runs for each running action at
+// every look at the agent's queue.
+type reader struct {
+	me  Holder
+	pfs proc.FS
+}
+
+var self = sync.OnceValues(func() (reader, error) {
 	pfs, err := proc.NewFS("/proc")
 	if err != nil {
-		return Holder{}, err
+		return reader{}, err
 	}
 	st, err := pfs.ReadStat(os.Getpid())
 	if err != nil {
-		return Holder{}, err
+		return reader{}, err
 	}
 	boot, err := pfs.BootID()
 	if err != nil {
-		return Holder{}, err
+		return reader{}, err
 	}
 	ns, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
-		return Holder{}, fmt.Errorf("this process's PID namespace: %w", err)
+		return reader{}, fmt.Errorf("this process's PID namespace: %w", err)
 	}
-	return Holder{PID: os.Getpid(), StartTime: st.StartTime, BootID: boot, PIDNS: ns}, nil
+	return reader{me: Holder{PID: os.Getpid(), StartTime: st.StartTime, BootID: boot, PIDNS: ns}, pfs: pfs}, nil
 })
 
 // Self is this process as the holder of the actions it runs.
-func Self() (Holder, error) { return self() }
+func Self() (Holder, error) {
+	r, err := self()
+	return r.me, err
+}
 
 // Liveness is what a reader can tell of a holder.
 type Liveness int
@@ -73,24 +83,20 @@ const (
 
 // Liveness tells whether h still runs, as this process sees it.
 func (h Holder) Liveness() Liveness {
-	me, err := Self()
+	r, err := self()
 	if h.PID <= 0 || err != nil {
 		return Unknown
 	}
-	if h.BootID != me.BootID {
+	if h.BootID != r.me.BootID {
 		return Gone
 	}
-	if h.PIDNS != me.PIDNS {
+	if h.PIDNS != r.me.PIDNS {
 		return Unknown
 	}
-	if h.PID == me.PID && h.StartTime == me.StartTime {
+	if h == r.me {
 		return Alive
 	}
-	pfs, err := proc.NewFS("/proc")
-	if err != nil {
-		return Unknown
-	}
-	st, err := pfs.ReadStat(h.PID)
+	st, err := r.pfs.ReadStat(h.PID)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return Gone
@@ -223,7 +229,7 @@ func (s *Store) WaitTurn(ctx context.Context, gpu, id, source string, poll time.
 					detail["its_state"], detail["its_freed_bytes"] = a.State, a.FreedBytes
 				}
 				if err := s.AddEvent(ctx, id, "waited", detail); err != nil {
-					_ = s.releaseTurn(gpu, id) // the event's error says more
+					_ = s.ReleaseTurn(gpu, id) // the event's error says more
 					return waited, err
 				}
 			}
@@ -247,31 +253,13 @@ func (s *Store) WaitTurn(ctx context.Context, gpu, id, source string, poll time.
 // ReleaseTurn gives the GPU's turn back, if the action id holds it. It
 // does not depend on the caller's context, which may have ended: a turn
 // left behind would hold the next action back until its holder is gone.
-func (s *Store) ReleaseTurn(gpu, id string) error { return s.releaseTurn(gpu, id) }
-
-func (s *Store) releaseTurn(gpu, id string) error {
+func (s *Store) ReleaseTurn(gpu, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), BusyTimeout+time.Second)
 	defer cancel()
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM gpu_turns WHERE gpu_uuid = ? AND action_id = ?`, gpu, id); err != nil {
 		return fmt.Errorf("releasing the turn of GPU %s: %w", gpu, err)
 	}
 	return nil
-}
-
-// holderOf reads the process that runs an action.
-func holderOf(ctx context.Context, q querier, id string) (Holder, error) {
-	var j string
-	if err := q.QueryRowContext(ctx, `SELECT holder_json FROM actions WHERE id = ?`, id).Scan(&j); err != nil {
-		return Holder{}, fmt.Errorf("reading who runs action %s: %w", id, err)
-	}
-	var h Holder
-	return h, fromJSON(j, &h)
-}
-
-// HolderOf is the process that runs (or ran) an action; the zero Holder
-// when none was recorded.
-func (s *Store) HolderOf(ctx context.Context, id string) (Holder, error) {
-	return holderOf(ctx, s.db, id)
 }
 
 // setHolder records this process as the one that runs action id.
@@ -290,9 +278,9 @@ func setHolder(ctx context.Context, tx *sql.Tx, id string) error {
 	return nil
 }
 
-// InterruptedReason is the reason of an action whose process is gone:
+// interruptedReason is the reason of an action whose process is gone:
 // what ran it, and its PID.
-func InterruptedReason(source string, h Holder) string {
+func interruptedReason(source string, h Holder) string {
 	switch source {
 	case remediate.SourceWebhook, remediate.SourceDispatch:
 		return ReasonInterrupted
@@ -329,7 +317,7 @@ func (s *Store) ResolveStranded(ctx context.Context, startup bool) (interrupted,
 			return err
 		}
 		for _, r := range found {
-			reason := InterruptedReason(r.source, r.holder)
+			reason := interruptedReason(r.source, r.holder)
 			a, err := scanAction(tx.QueryRowContext(ctx, `UPDATE actions SET state = ?, reason = ?, finished_at = ?
 				WHERE id = ? AND state = ? RETURNING `+actionColumns,
 				remediate.StateInterrupted, reason, formatTime(now), r.id, remediate.StateRunning))

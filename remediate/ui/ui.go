@@ -165,7 +165,7 @@ func Handler(cfg Config) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		setSecurityHeaders(w.Header())
-		if cfg.Hosts != nil && !hostAllowed(r.Host, cfg.Hosts) {
+		if cfg.Hosts != nil && !intake.HostAllowed(r.Host, cfg.Hosts) {
 			cfg.Logger.Debug("Refused /actions for a foreign Host", "host", r.Host, "remote", r.RemoteAddr)
 			http.Error(w, fmt.Sprintf("Host %q is not a name of this remediator: give its URL as --web.external-url to serve the page under it", r.Host),
 				http.StatusForbidden)
@@ -346,8 +346,3 @@ func setSecurityHeaders(h http.Header) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 }
-
-// hostAllowed reports whether host, a request's Host header, names the
-// remediator (intake.HostAllowed: an IP address, localhost, or one of
-// names).
-func hostAllowed(host string, names []string) bool { return intake.HostAllowed(host, names) }

@@ -6,14 +6,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,16 +37,6 @@ func TestFleetSquatterThroughAlertmanager(t *testing.T) {
 		return p
 	}
 	fleetFile, webhookFile := write("agent-token", fleetSecret+"\n"), write("webhook-token", webhookToken+"\n")
-	ready := func(base, what string) {
-		testenv.Eventually(t, 30*time.Second, what+" to be ready", func() bool {
-			resp, err := http.Get(base + "/-/ready")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
-	}
 
 	// node-a's real agent, on a simulated node.
 	agent := exec.Command(bin(t, "gpu-orphan-remediator"), "--backend=sim", "--sim.root="+testenv.SimNode(t, 1),
@@ -57,20 +44,10 @@ func TestFleetSquatterThroughAlertmanager(t *testing.T) {
 		"--collector.interval=200ms", "--web.systemd-socket")
 	agentA := "http://" + testenv.PassListener(t, agent)
 	testenv.DaemonCmd(t, agent)
-	ready(agentA, "node-a's agent")
+	testenv.WaitReady(t, agentA, "node-a's agent", 30*time.Second)
 
 	// The listener on node-c's port.
-	var mu sync.Mutex
-	var got []*http.Request
-	var bodies [][]byte
-	squat := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		got, bodies = append(got, r.Clone(r.Context())), append(bodies, b)
-		mu.Unlock()
-		http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
-	}))
-	defer squat.Close()
+	squat := testenv.NewSquatter(t)
 
 	targets, _ := json.Marshal(map[string]string{"node-a": agentA, "node-c": squat.URL})
 	disp := exec.Command(bin(t, "gpu-orphan-dispatcher"), "--web.systemd-socket", "--auth.token-file="+webhookFile,
@@ -78,7 +55,7 @@ func TestFleetSquatterThroughAlertmanager(t *testing.T) {
 		"--store.path="+filepath.Join(dir, "dispatcher.db"), "--limit.breaker-failures=3", "--dispatch.max-fraction=1")
 	dispatcher := "http://" + testenv.PassListener(t, disp)
 	testenv.DaemonCmd(t, disp)
-	ready(dispatcher, "the dispatcher")
+	testenv.WaitReady(t, dispatcher, "the dispatcher", 30*time.Second)
 
 	amAddr := testenv.FreeAddr(t)
 	amConfig := write("alertmanager.yml", fmt.Sprintf(`route:
@@ -101,7 +78,7 @@ receivers:
 		"--web.listen-address="+amAddr, "--cluster.listen-address=", "--web.external-url=http://"+amAddr)
 	testenv.DaemonCmd(t, am)
 	amURL := "http://" + amAddr
-	ready(amURL, "Alertmanager")
+	testenv.WaitReady(t, amURL, "Alertmanager", 30*time.Second)
 
 	fire := func(node, uuid string) {
 		t.Helper()
@@ -147,13 +124,11 @@ receivers:
 		}
 		return n == 3
 	})
-	mu.Lock()
-	seen, seenBodies := append([]*http.Request(nil), got...), append([][]byte(nil), bodies...)
-	mu.Unlock()
+	seen := squat.Requests()
 	if len(seen) == 0 {
 		t.Fatal("the listener got nothing")
 	}
-	for i, r := range seen {
+	for _, r := range seen {
 		for k, vs := range r.Header {
 			for _, v := range vs {
 				if strings.Contains(v, fleetSecret) || strings.HasPrefix(strings.ToLower(v), "bearer") {
@@ -161,20 +136,13 @@ receivers:
 				}
 			}
 		}
-		if bytes.Contains(seenBodies[i], []byte(fleetSecret)) {
+		if bytes.Contains(r.Body, []byte(fleetSecret)) {
 			t.Error("the listener got the token in a body")
 		}
 	}
 	// What it got, replayed to node-a's agent: refused.
-	req, _ := http.NewRequest(seen[0].Method, agentA+seen[0].RequestURI, bytes.NewReader(seenBodies[0]))
-	req.Header = seen[0].Header.Clone()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("node-c's request replayed to node-a's agent: %s, want 401", resp.Status)
+	if code := testenv.Replay(t, agentA, seen[0]); code != http.StatusUnauthorized {
+		t.Errorf("node-c's request replayed to node-a's agent: %d %s, want 401", code, http.StatusText(code))
 	}
 
 	// The fleet breaker stayed closed: node-a's alert reaches its agent.

@@ -144,6 +144,20 @@ func newFleet(t *testing.T, cp *kubereal.ControlPlane, r *release) *fleet {
 	return f
 }
 
+// twoAgents is a namespace of the test's own, named name, with the
+// chart's RBAC for values, its agents' Service and DaemonSet, and the
+// agents of node-a and node-b.
+func twoAgents(t *testing.T, name string, values map[string]any) (*release, *fleet, *agent, *agent) {
+	t.Helper()
+	cp := kubereal.Get(t)
+	r := installRBAC(t, cp, newNamespace(t, cp, name), values)
+	f := newFleet(t, cp, r)
+	a, b := newAgent(t), newAgent(t)
+	f.addAgent(t, "node-a", a)
+	f.addAgent(t, "node-b", b)
+	return r, f, a, b
+}
+
 // addAgent makes node's agent pod (owned by the DaemonSet, on node, with
 // the listener's address as its IP) and its EndpointSlice, as the
 // EndpointSlice controller writes it.
@@ -287,14 +301,19 @@ func startDispatcher(t *testing.T, r *release, tune func(*app.Options)) (string,
 			t.Fatalf("the dispatcher stopped: %v", err)
 		default:
 		}
-		resp, err := http.Get(base + "/-/healthy")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return healthy(base)
 	})
 	return base, kubeconfig
+}
+
+// healthy reports whether the dispatcher at base answers /-/healthy.
+func healthy(base string) bool {
+	resp, err := http.Get(base + "/-/healthy")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // dispatcherFlags is the chart's dispatcher container's --name=value
@@ -390,13 +409,7 @@ func post(base string, nodes ...string) (map[string]int, error) {
 // and pod are gone, its node is rejected and its agent never contacted
 // again, without a restart.
 func TestChartDispatcherDiscovery(t *testing.T) {
-	cp := kubereal.Get(t)
-	ns := newNamespace(t, cp, "discovery")
-	r := installRBAC(t, cp, ns, dispatcherValues(false, false))
-	f := newFleet(t, cp, r)
-	a, b := newAgent(t), newAgent(t)
-	f.addAgent(t, "node-a", a)
-	f.addAgent(t, "node-b", b)
+	r, f, a, b := twoAgents(t, "discovery", dispatcherValues(false, false))
 	base, _ := startDispatcher(t, r, nil)
 
 	if res := postAlerts(t, base, "node-a", "node-b", "node-x"); res["accepted"] != 2 || res["rejected"] != 1 {

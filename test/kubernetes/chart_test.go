@@ -6,9 +6,7 @@ import (
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 )
@@ -41,20 +39,11 @@ func TestChartObjectsAccepted(t *testing.T) {
 	apply(t, cp, objs)
 	remove(t, cp, objs)
 
-	dyn, mapper := dynamicClient(t, cp)
+	resource := resources(t, cp)
 	for _, o := range objs {
-		gvk := o.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		}
-		got, err := ri.Get(t.Context(), o.GetName(), metav1.GetOptions{})
+		got, err := resource(o).Get(t.Context(), o.GetName(), metav1.GetOptions{})
 		if err == nil && got.GetDeletionTimestamp() == nil {
-			t.Errorf("%s %s/%s is still there after its deletion", gvk.Kind, o.GetNamespace(), o.GetName())
+			t.Errorf("%s %s/%s is still there after its deletion", o.GetKind(), o.GetNamespace(), o.GetName())
 		} else if err != nil && !apierrors.IsNotFound(err) {
 			t.Error(err)
 		}

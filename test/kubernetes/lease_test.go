@@ -3,7 +3,6 @@
 package kubernetes
 
 import (
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
-	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 	"github.com/gpu-orphan/gpu-orphan/remediate/app"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch/lease"
 )
@@ -27,13 +25,8 @@ import (
 // alerts for two nodes posted at once, one to each replica, get one node
 // forwarded, not one per replica.
 func TestTwoReplicasShareTheLease(t *testing.T) {
-	cp := kubereal.Get(t)
-	ns := newNamespace(t, cp, "lease")
-	r := installRBAC(t, cp, ns, dispatcherValues(false, true))
-	f := newFleet(t, cp, r)
-	a, b := newAgent(t), newAgent(t)
-	f.addAgent(t, "node-a", a)
-	f.addAgent(t, "node-b", b)
+	r, _, a, b := twoAgents(t, "lease", dispatcherValues(false, true))
+	cp, ns := r.cp, r.namespace
 	limit := func(o *app.Options) { o.Dispatch.MaxNodes, o.Dispatch.MaxFraction, o.Dispatch.Window = 1, 1, time.Hour }
 	base1, _ := startDispatcher(t, r, limit)
 	base2, _ := startDispatcher(t, r, limit)
@@ -71,14 +64,9 @@ func TestTwoReplicasShareTheLease(t *testing.T) {
 // dead one's turn on the Lease to expire, since none holds it. Each
 // alert reaches its agent once.
 func TestReplicaKilled(t *testing.T) {
-	cp := kubereal.Get(t)
-	ns := newNamespace(t, cp, "killed")
-	r := installRBAC(t, cp, ns, dispatcherValues(false, true))
-	f := newFleet(t, cp, r)
-	a, b := newAgent(t), newAgent(t)
-	f.addAgent(t, "node-a", a)
-	f.addAgent(t, "node-b", b)
-	bin := bin(t, "gpu-orphan-dispatcher")
+	r, _, a, b := twoAgents(t, "killed", dispatcherValues(false, true))
+	cp, ns := r.cp, r.namespace
+	bin := testenv.Bin(t, "gpu-orphan-dispatcher")
 	kubeconfig := cp.Kubeconfig(t, cp.ServiceAccountToken(t, ns, r.dispatcherName()))
 	token := filepath.Join(t.TempDir(), "agent-token")
 	if err := os.WriteFile(token, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
@@ -96,14 +84,7 @@ func TestReplicaKilled(t *testing.T) {
 		}
 		cmd := testenv.Daemon(t, bin, args...)
 		base := "http://" + addr
-		testenv.Eventually(t, 30*time.Second, name+" to serve", func() bool {
-			resp, err := http.Get(base + "/-/healthy")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
+		testenv.Eventually(t, 30*time.Second, name+" to serve", func() bool { return healthy(base) })
 		return cmd, base
 	}
 	p1, base1 := start("replica-1")

@@ -27,28 +27,12 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 )
 
-func TestMain(m *testing.M) {
-	code := kubereal.Main(m)
-	if binDir != "" && strings.HasPrefix(filepath.Base(binDir), "gpu-orphan-bin-") {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-// binDir is where testenv.Bin built the binaries, removed after the tests.
-var binDir string
-
-// bin is testenv.Bin, remembering its temp dir for TestMain.
-func bin(t *testing.T, name string) string {
-	t.Helper()
-	p := testenv.Bin(t, name)
-	binDir = filepath.Dir(p)
-	return p
-}
+// TestMain stops the control plane and removes the binaries that
+// testenv.Bin built (kubereal.Main runs the tests with testenv.Main).
+func TestMain(m *testing.M) { os.Exit(kubereal.Main(m)) }
 
 const chartDir = "../../charts/gpu-orphan"
 
@@ -134,22 +118,13 @@ func rbacOnly(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
 
 // apply creates objs with the admin's credentials, each through the API
 // server's full validation (strict field validation: an unknown field is
-// an error, not dropped), and returns the mapping of each.
+// an error, not dropped).
 func apply(t *testing.T, cp *kubereal.ControlPlane, objs []*unstructured.Unstructured) {
 	t.Helper()
-	dyn, mapper := dynamicClient(t, cp)
+	resource := resources(t, cp)
 	for _, o := range objs {
-		gvk := o.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatalf("%s %s: %v", gvk, o.GetName(), err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		}
-		if _, err := ri.Create(t.Context(), o, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
-			t.Fatalf("the API server refused %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+		if _, err := resource(o).Create(t.Context(), o, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
+			t.Fatalf("the API server refused %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
 		}
 	}
 }
@@ -157,24 +132,17 @@ func apply(t *testing.T, cp *kubereal.ControlPlane, objs []*unstructured.Unstruc
 // remove deletes objs with the admin's credentials; a missing one is fine.
 func remove(t *testing.T, cp *kubereal.ControlPlane, objs []*unstructured.Unstructured) {
 	t.Helper()
-	dyn, mapper := dynamicClient(t, cp)
+	resource := resources(t, cp)
 	for _, o := range objs {
-		gvk := o.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		}
-		if err := ri.Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := resource(o).Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
 	}
 }
 
-func dynamicClient(t *testing.T, cp *kubereal.ControlPlane) (*dynamic.DynamicClient, meta.RESTMapper) {
+// resources returns, for an object, the admin's dynamic client of its
+// resource (in its namespace, where the resource has one).
+func resources(t *testing.T, cp *kubereal.ControlPlane) func(*unstructured.Unstructured) dynamic.ResourceInterface {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(cp.AdminConfig())
 	if err != nil {
@@ -184,7 +152,29 @@ func dynamicClient(t *testing.T, cp *kubereal.ControlPlane) (*dynamic.DynamicCli
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dyn, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	return func(o *unstructured.Unstructured) dynamic.ResourceInterface {
+		t.Helper()
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: %v", gvk, o.GetName(), err)
+		}
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			return dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		}
+		return dyn.Resource(m.Resource)
+	}
+}
+
+// createNodes creates Nodes of these names, with nothing but a name.
+func createNodes(t *testing.T, cp *kubereal.ControlPlane, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := cp.Admin(t).CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // find is the object of objs of that kind and name.
@@ -198,6 +188,3 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *u
 	t.Fatalf("the chart renders no %s %s", kind, name)
 	return nil
 }
-
-// rbacSubset is objs, for apply and remove.
-func rbacSubset(objs ...*unstructured.Unstructured) []*unstructured.Unstructured { return objs }

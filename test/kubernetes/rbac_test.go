@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv/kubereal"
 	"github.com/gpu-orphan/gpu-orphan/remediate/dispatch"
@@ -23,11 +23,7 @@ func TestTaintRBACTakenAway(t *testing.T) {
 	ns := newNamespace(t, cp, "rbac-taken")
 	r := installRBAC(t, cp, ns, dispatcherValues(true, false))
 	admin := cp.Admin(t)
-	for _, n := range []string{"rbac-node-a", "rbac-node-b"} {
-		if _, err := admin.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createNodes(t, cp, "rbac-node-a", "rbac-node-b")
 	taints, err := dispatch.NewTaints(dispatch.TaintConfig{RESTConfig: cp.TokenConfig(cp.ServiceAccountToken(t, ns, r.dispatcherName())),
 		MaxFraction: 1, Identity: "test"})
 	if err != nil {
@@ -39,7 +35,7 @@ func TestTaintRBACTakenAway(t *testing.T) {
 	}
 
 	binding := find(t, r.objects, "ClusterRoleBinding", r.dispatcherName()+"-"+ns+"-taint")
-	remove(t, cp, rbacSubset(binding))
+	remove(t, cp, []*unstructured.Unstructured{binding})
 	_, _, err = taints.Taint(t.Context(), "rbac-node-b", "GPU-B", "test", known)
 	if err == nil {
 		t.Fatal("Taint went through after its ClusterRoleBinding was deleted")
@@ -55,7 +51,7 @@ func TestTaintRBACTakenAway(t *testing.T) {
 
 	// The binding is back: the same client works again, no restart.
 	binding.SetResourceVersion("")
-	apply(t, cp, rbacSubset(binding))
+	apply(t, cp, []*unstructured.Unstructured{binding})
 	if res, _, err := taints.Taint(t.Context(), "rbac-node-b", "GPU-B", "test", known); err != nil || res != dispatch.TaintAdded {
 		t.Errorf("Taint once the binding is back: %q, %v", res, err)
 	}

@@ -35,9 +35,7 @@ func TestTaintWhileNodeUpdated(t *testing.T) {
 	r := installRBAC(t, cp, ns, dispatcherValues(true, false))
 	admin := cp.Admin(t)
 	node := "gpu-node-taint"
-	if _, err := admin.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createNodes(t, cp, node)
 	rc := cp.TokenConfig(cp.ServiceAccountToken(t, ns, r.dispatcherName()))
 	// Before the dispatcher's first patch of the Node goes out, another
 	// client updates the Node: the patch's test of the resourceVersion

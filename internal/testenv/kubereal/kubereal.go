@@ -149,10 +149,11 @@ type errSkip struct{ err error }
 
 func (e errSkip) Error() string { return e.err.Error() }
 
-// Main runs the tests, then stops the control plane if one started. Call
-// it from TestMain: os.Exit(kubereal.Main(m)).
+// Main runs the tests (testenv.Main: the binaries that testenv.Bin built
+// go after them), then stops the control plane if one started. Call it
+// from TestMain: os.Exit(kubereal.Main(m)).
 func Main(m *testing.M) int {
-	code := m.Run()
+	code := testenv.Main(m)
 	mu.Lock()
 	defer mu.Unlock()
 	if shared != nil {

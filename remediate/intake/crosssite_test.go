@@ -1,8 +1,9 @@
-package ui
+package intake
 
 import "testing"
 
-// TestHostAllowed: the open page answers IP addresses, localhost and the
+// TestHostAllowed: the open page (and, with --auth.insecure-none, every
+// request without a credential) answers IP addresses, localhost and the
 // names it is given, whatever the port and case; any other name, which a
 // rebound DNS name would be, is refused.
 func TestHostAllowed(t *testing.T) {
@@ -22,8 +23,8 @@ func TestHostAllowed(t *testing.T) {
 		"":                                false,
 		"127.0.0.1.nip.io:10836":          false,
 	} {
-		if got := hostAllowed(host, names); got != want {
-			t.Errorf("hostAllowed(%q) = %t, want %t", host, got, want)
+		if got := HostAllowed(host, names); got != want {
+			t.Errorf("HostAllowed(%q) = %t, want %t", host, got, want)
 		}
 	}
 }
