@@ -82,6 +82,20 @@ type node struct {
 	// keptFiles: when it ran exec, it still shared an open file of a GPU
 	// device with its parent (kcmp): the exec kept the inherited files.
 	keptFiles bool
+	// forkerUnsure: its files may not be its parent's. A fork event
+	// names the child's real parent, not the caller of clone: a child of
+	// that parent that clones with CLONE_PARENT gives the new process its
+	// own files (forkerChecked). And a parent that held no GPU device
+	// when it forked gave none.
+	forkerUnsure bool
+	// foreignKids counts its live children that may hold files that are
+	// not its own (foreign), and any of which could clone a process with
+	// CLONE_PARENT; countedForeign: n is counted in its parent's.
+	foreignKids    int
+	countedForeign bool
+	// adopts: a process on its line died leaving children, which the
+	// kernel may have given to it (a subreaper, a namespace's init).
+	adopts bool
 	// dead: it exited; kept while a recorded process descends from it.
 	dead bool
 	// leaderGone: its main thread exited while others may run on.
@@ -89,6 +103,44 @@ type node struct {
 }
 
 func (n *node) key() Key { return Key{n.pid, n.start} }
+
+// foreign reports whether n may hold files that are not its parent's: it
+// was found in /proc, ran exec without keeping them, or was perhaps
+// cloned by another child of its parent. Such a child could give its
+// own files to a process whose fork event names the parent.
+func (n *node) foreign() bool {
+	return !n.atFork || (n.execed && !n.keptFiles) || n.forkerUnsure
+}
+
+// recount keeps n's parent's foreignKids right after n changed: a live
+// child is counted while foreign. Called with the lock held.
+func (r *Record) recount(n *node) {
+	want := n.parent != nil && !n.dead && n.foreign()
+	if want == n.countedForeign {
+		return
+	}
+	if want {
+		n.parent.foreignKids++
+	} else {
+		n.parent.foreignKids--
+	}
+	n.countedForeign = want
+}
+
+// adoptedAbove marks every process on n's line as perhaps given n's
+// children: the kernel hands the children of a dying process to the
+// nearest subreaper among its ancestors, or to the namespace's init.
+// Called with the lock held.
+func (r *Record) adoptedAbove(n *node) {
+	p := n.parent
+	for range maxDepth {
+		if p == nil {
+			return
+		}
+		p.adopts = true
+		p = p.parent
+	}
+}
 
 // Record is the fork record. It is safe for concurrent use; ApplyBatch is
 // called by one goroutine at a time (Follow's).
@@ -268,6 +320,7 @@ func (r *Record) seed(stats map[int]proc.Stat) {
 		if p := r.live[st.PPID]; ok && p != nil && p.known && p.start == pst.StartTime && p != n {
 			n.parent = p
 			p.kids++
+			r.recount(n)
 		}
 	}
 }
@@ -283,6 +336,7 @@ func (r *Record) Resync() error {
 	r.resyncs++
 	for _, n := range r.live {
 		n.atFork, n.counted = false, false
+		r.recount(n)
 	}
 	for n := range r.dead {
 		n.atFork = false
@@ -325,6 +379,10 @@ func (r *Record) link(n *node, parent int, ts uint64) {
 	}
 	n.parent, n.atFork = p, true
 	p.kids++
+	// The fork event names p whoever called clone: another child of p
+	// may have, with CLONE_PARENT (forkerChecked settles it).
+	n.forkerUnsure = p.foreignKids > 0 || p.adopts
+	r.recount(n)
 }
 
 // unlink forgets n's parent, and prunes it if that was all it was kept
@@ -333,6 +391,10 @@ func (r *Record) unlink(n *node) {
 	p := n.parent
 	if p == nil {
 		return
+	}
+	if n.countedForeign {
+		p.foreignKids--
+		n.countedForeign = false
 	}
 	n.parent, n.atFork = nil, false
 	p.kids--
@@ -349,7 +411,9 @@ func (r *Record) die(n *node) {
 		return
 	}
 	n.dead = true
+	r.recount(n)
 	if n.kids > 0 {
+		r.adoptedAbove(n)
 		r.dead[n] = struct{}{}
 		r.deadByPID[n.pid]++
 		if n.known {
@@ -409,6 +473,7 @@ var (
 	ErrExeced       = errors.New("it or a process on its line ran exec since the fork, dropping the inherited files")
 	ErrNotFromThe   = errors.New("it does not descend from the dead owner")
 	ErrAmbiguous    = errors.New("more than one dead process had the owner's PID, and which one NVML lists is not known")
+	ErrForkerUnsure = errors.New("it, or a process on its line, may hold files that are not its parent's: its parent held no GPU device when it forked, or another child of the parent may have cloned it (CLONE_PARENT)")
 	ErrOwnerNotRead = errors.New("the process with the owner's PID on its line died before its start time was read: whether it is the owner a snapshot saw is not known")
 )
 
@@ -486,6 +551,8 @@ func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (node, error) {
 			return node{}, ErrNotAtFork
 		case n.execed && !n.keptFiles:
 			return node{}, ErrExeced
+		case n.forkerUnsure:
+			return node{}, ErrForkerUnsure
 		}
 		p := n.parent
 		if p.pid == owner {
@@ -507,7 +574,7 @@ func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (node, error) {
 func (r *Record) ExecedChild(h Key) (Key, bool) {
 	n := r.lookup(h)
 	defer r.mu.Unlock()
-	if n == nil || !n.atFork || !n.execed || n.keptFiles {
+	if n == nil || !n.atFork || !n.execed || n.keptFiles || n.forkerUnsure {
 		return Key{}, false
 	}
 	return n.parent.key(), true
@@ -528,7 +595,7 @@ func (r *Record) ApplyBatch(evs []procevents.Event, now time.Time) bool {
 		r.events++
 		switch ev.Kind {
 		case procevents.Fork:
-			r.fork(ev)
+			r.fork(ev, now)
 		case procevents.Exec:
 			r.exec(ev.PID, now)
 		case procevents.Exit:
@@ -538,8 +605,9 @@ func (r *Record) ApplyBatch(evs []procevents.Event, now time.Time) bool {
 	return len(r.exiting) > 0
 }
 
-// fork records a new process or thread. Called with the lock held.
-func (r *Record) fork(ev procevents.Event) {
+// fork records a new process or thread. Called with the lock held, which
+// it may release while reading (forkerChecked).
+func (r *Record) fork(ev procevents.Event, now time.Time) {
 	if ev.Thread() {
 		if n := r.live[ev.PID]; n != nil {
 			n.threads++
@@ -547,20 +615,21 @@ func (r *Record) fork(ev procevents.Event) {
 		return
 	}
 	if old := r.live[ev.PID]; old != nil {
-		r.forkOverLive(old, ev)
+		r.forkOverLive(old, ev, now)
 		return
 	}
 	n := r.alloc()
 	n.pid, n.forkTS, n.counted, n.threads = ev.PID, ev.Timestamp, true, 1
 	r.live[ev.PID] = n
 	r.link(n, ev.ParentPID, ev.Timestamp)
+	r.forkerChecked(n, now)
 }
 
 // forkOverLive handles a fork of a PID that the record holds as live: the
 // previous process's exit event is still on its way (its parent reaped it
 // before the kernel sent it), or was lost; or the child was found in
 // /proc before its fork event was applied. Reading the child tells.
-func (r *Record) forkOverLive(old *node, ev procevents.Event) {
+func (r *Record) forkOverLive(old *node, ev procevents.Event, now time.Time) {
 	start, ok := r.readStart(ev.PID, ev.Timestamp)
 	if !ok {
 		r.die(old) // gone already: nothing to record
@@ -571,6 +640,7 @@ func (r *Record) forkOverLive(old *node, ev procevents.Event) {
 		r.unlink(old)
 		old.counted = false
 		r.link(old, ev.ParentPID, ev.Timestamp)
+		r.forkerChecked(old, now)
 		return
 	}
 	r.die(old)
@@ -580,13 +650,32 @@ func (r *Record) forkOverLive(old *node, ev procevents.Event) {
 	n.pid, n.start, n.known, n.forkTS = ev.PID, start, true, ev.Timestamp
 	r.live[ev.PID] = n
 	r.link(n, ev.ParentPID, ev.Timestamp)
+	r.forkerChecked(n, now)
+}
+
+// forkerChecked settles whether a new child holds its parent's files: it
+// shares an open file of a GPU device with the parent (kcmp), or it holds
+// none of the parent's GPU files, whoever called clone (the parent held
+// none, or another child of it cloned this one with CLONE_PARENT). Where
+// nothing can be read (no GPU known yet, the parent gone), and where the
+// parent was seen lately holding no GPU device (quiet) and link's rule
+// finds it sure, the rule stands. Called with the lock held, which it
+// releases while reading.
+func (r *Record) forkerChecked(n *node, now time.Time) {
+	if n.parent == nil || !n.atFork {
+		return
+	}
+	shares, read := r.sharesParentFiles(n, now, n.forkerUnsure)
+	if !read || r.live[n.pid] != n {
+		return
+	}
+	n.forkerUnsure = !shares
+	r.recount(n)
 }
 
 // exec marks the process as having run exec, and whether it kept an open
-// file of a GPU device that its parent holds: checked only when the parent
-// holds one, so that a shell's fork-and-exec storm costs a read of the
-// shell's descriptors every quietMax at most. Called with the lock held,
-// which it releases while reading.
+// file of a GPU device that its parent holds (sharesParentFiles). Called
+// with the lock held, which it releases while reading.
 func (r *Record) exec(pid int, now time.Time) {
 	n := r.live[pid]
 	if n == nil {
@@ -595,12 +684,29 @@ func (r *Record) exec(pid int, now time.Time) {
 	n.execed, n.keptFiles = true, false
 	// A new program: what it holds is read afresh at its children's exec.
 	n.quietUntil, n.quietFor = 0, 0
+	r.recount(n)
 	// Only a child seen forking can be proven to hold its parent's files.
-	p, devs := n.parent, r.devices
-	if !n.atFork || p.dead || len(devs) == 0 || (now.UnixNano() < p.quietUntil && !r.isWatched(p)) {
+	if !n.atFork {
 		return
 	}
-	ngen, pgen, ppid := n.gen, p.gen, p.pid
+	if kept, read := r.sharesParentFiles(n, now, false); read && kept && r.live[pid] == n {
+		n.keptFiles = true
+		r.recount(n)
+	}
+}
+
+// sharesParentFiles reads whether n shares an open file of a GPU device
+// with its parent, unless the parent was seen lately holding none (quiet)
+// and the read is not forced: a shell's fork-and-exec storm costs a read
+// of the shell's descriptors every quietMax at most. read is false when
+// nothing was read, or n was released meanwhile. Called with the lock
+// held, which it releases while reading.
+func (r *Record) sharesParentFiles(n *node, now time.Time, force bool) (shares, read bool) {
+	p, devs := n.parent, r.devices
+	if p == nil || p.dead || len(devs) == 0 || (!force && now.UnixNano() < p.quietUntil && !r.isWatched(p)) {
+		return false, false
+	}
+	ngen, pgen, pid, ppid := n.gen, p.gen, n.pid, p.pid
 	r.mu.Unlock()
 	kept, parentHolds := r.keptFiles(pid, ppid, devs)
 	r.mu.Lock()
@@ -612,9 +718,7 @@ func (r *Record) exec(pid int, now time.Time) {
 			p.quietUntil = now.Add(p.quietFor).UnixNano()
 		}
 	}
-	if n.gen == ngen && kept {
-		n.keptFiles = true
-	}
+	return kept, n.gen == ngen
 }
 
 // exit counts a thread's exit. A process seen from its fork is dead with
@@ -628,6 +732,11 @@ func (r *Record) exit(ev procevents.Event, now time.Time) {
 	}
 	if !ev.Thread() {
 		n.leaderGone = true
+	}
+	if n.kids > 0 && (n.counted && n.threads == 1 || !n.counted && n.leaderGone) {
+		// Its children go to a subreaper above it now, before its
+		// death is confirmed: mark the line before their next fork.
+		r.adoptedAbove(n)
 	}
 	if n.counted {
 		if n.threads--; n.threads > 0 {

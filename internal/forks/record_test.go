@@ -283,3 +283,44 @@ func TestRecordStrayExitChecked(t *testing.T) {
 		t.Errorf("y's line: %v %v, want its parent %v", p.key(), err, x)
 	}
 }
+
+// The rule that stands where no file can be read (no GPU known yet, or
+// the parent held none lately): a fork event names the real parent, so a
+// child forked while another child of the parent ran its own program (exec)
+// may have been cloned by that one with CLONE_PARENT, and holds its files;
+// as may one forked after a process on the parent's line died leaving
+// children, which the parent may have adopted (a subreaper). Processes
+// seen only as the parent's own forks leave it sure.
+func TestRecordForkerRule(t *testing.T) {
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := New(fs)
+	if err := rec.Seed(); err != nil {
+		t.Fatal(err)
+	}
+	p, x, c, d, y, z, e := sleeper(t), sleeper(t), sleeper(t), sleeper(t), sleeper(t), sleeper(t), sleeper(t)
+	ts := monotonic(t)
+	fork := func(parent, child Key) procevents.Event {
+		return procevents.Event{Kind: procevents.Fork, ParentPID: parent.PID, TID: child.PID, PID: child.PID, Timestamp: ts}
+	}
+	exit := func(k Key) procevents.Event {
+		return procevents.Event{Kind: procevents.Exit, TID: k.PID, PID: k.PID, Timestamp: ts}
+	}
+	apply := func(evs ...procevents.Event) { rec.ApplyBatch(evs, time.Now()) }
+	wantLine := func(what string, k Key, want error) {
+		t.Helper()
+		if _, err := rec.lineTo(k, p.PID, p.Start); !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", what, err, want)
+		}
+	}
+
+	apply(fork(Key{PID: os.Getpid()}, p), fork(p, x), procevents.Event{Kind: procevents.Exec, PID: x.PID, TID: x.PID, Timestamp: ts}, fork(p, c))
+	wantLine("forked while a child ran its own program", c, ErrForkerUnsure)
+	apply(exit(x), exit(c), fork(p, d))
+	wantLine("forked once that child and its possible clone were gone", d, nil)
+	apply(fork(p, y), fork(y, z), exit(y), fork(p, e))
+	wantLine("forked after a child died leaving a child of its own", e, ErrForkerUnsure)
+	wantLine("the child left behind", z, nil)
+}

@@ -1,7 +1,10 @@
 package snapshot
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -330,4 +333,139 @@ func TestProofExecedSiblings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProofCloneParent: a fork event names the new process's real parent,
+// not the caller of clone. A trainer's child runs a program of its own,
+// which opens and maps the GPU itself (it called cuInit, as a launcher
+// does, and has no context for NVML to list), and clones a helper with
+// CLONE_PARENT: the event names the trainer as the helper's parent, though
+// the helper holds the program's files, not the trainer's. The trainer
+// dies. The helper is not proven to have inherited its context (killing it
+// frees nothing of the trainer's, and breaks the live program); a worker
+// that the trainer forked meanwhile, which does hold its files (kcmp at
+// the fork), is. (Before the rule, the helper was descent_at_fork.)
+func TestProofCloneParent(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	loop := followingLoop(t, d)
+
+	// The trainer opens the device (fd 3). The program starts without
+	// it, opens its own and clones its helper; then the trainer forks
+	// the worker (which runs exec and keeps fd 3, as gpu-orphan-sim's
+	// workers do) while the program lives.
+	script := exec.Command("sh", "-c", `exec 3<"$1"
+`+testenv.CloneParentEnv+`="$1" "$0" 3<&- &
+read -r go
+`+testenv.MapperEnv+`=1 "$0" &
+wait`, os.Args[0], dev)
+	script.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	stdin, err := script.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := script.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := script.Start(); err != nil {
+		t.Fatal(err)
+	}
+	trainer := script.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-trainer, syscall.SIGKILL); script.Wait() })
+	var program, helper int
+	if _, err := fmt.Fscanf(bufio.NewReader(stdout), "clone %d %d\n", &program, &helper); err != nil {
+		t.Fatalf("the program's line: %v", err)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	worker := 0
+	testenv.Eventually(t, 5*time.Second, "the trainer's worker", func() bool {
+		for pid, ppid := range sessionOf(t, trainer) {
+			if ppid == trainer && pid != program && pid != helper {
+				worker = pid
+			}
+		}
+		return worker != 0
+	})
+	waitMapped(t, worker, dev)
+	waitMapped(t, helper, dev)
+	if st, err := procFS(t).ReadStat(helper); err != nil || st.PPID != trainer {
+		t.Fatalf("the helper's parent is %d (%v), want the trainer %d: CLONE_PARENT", st.PPID, err, trainer)
+	}
+
+	syscall.Kill(trainer, syscall.SIGKILL)
+	testenv.Eventually(t, 5*time.Second, "the trainer to be reaped", func() bool { return !testenv.Alive(trainer) })
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
+	s := refreshRecorded(t, loop, worker, helper)
+	if h, ok := suspectOf(s.GPUs[0], worker); !ok || h.Reason != ReasonInheritedFromDeadOwner || h.Proof != ProofDescentAtFork {
+		t.Errorf("the trainer's worker %d is %+v, want inherited by %s", worker, h, ProofDescentAtFork)
+	}
+	if h, ok := suspectOf(s.GPUs[0], helper); !ok || h.Reason != ReasonUnexplained || h.Proof != NoProofForkerUnsure {
+		t.Errorf("the program's helper %d is %+v, want unexplained, %s", helper, h, NoProofForkerUnsure)
+	}
+}
+
+// TestProofForkedBeforeTheGPU: a trainer forks a worker before it opens the
+// GPU; the worker opens and maps the GPU itself (it called cuInit: no
+// context for NVML to list) and forks a child; none runs exec. The trainer
+// dies. Fork by fork, without exec, both descend from it, but a fork
+// copies only what the parent holds then: neither holds the trainer's
+// files, and neither is proven. (Before the rule, both were
+// descent_at_fork.)
+func TestProofForkedBeforeTheGPU(t *testing.T) {
+	nv := &switchable{}
+	d := newDriverFunc(t, nv.get)
+	dev := d.DevicePath(0)
+	loop := followingLoop(t, d)
+
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), testenv.PreforkEnv+"="+dev)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	trainer := cmd.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-trainer, syscall.SIGKILL); cmd.Wait() })
+	var worker, child int
+	if _, err := fmt.Fscanf(bufio.NewReader(stdout), "prefork %d %d\n", &worker, &child); err != nil {
+		t.Fatalf("the trainer's line: %v", err)
+	}
+	waitMapped(t, worker, dev)
+	waitMapped(t, child, dev)
+	waitMapped(t, trainer, dev)
+
+	syscall.Kill(trainer, syscall.SIGKILL)
+	cmd.Wait() // reaped: its PID names no process
+	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
+	s := refreshRecorded(t, loop, worker, child)
+	for _, pid := range []int{worker, child} {
+		if h, ok := suspectOf(s.GPUs[0], pid); !ok || h.Reason != ReasonUnexplained || h.Proof != NoProofForkerUnsure {
+			t.Errorf("%d is %+v, want unexplained, %s", pid, h, NoProofForkerUnsure)
+		}
+	}
+}
+
+// refreshRecorded takes snapshots until the fork record has caught up with
+// the events of pids (it follows them on its own goroutine): until each is
+// judged by the record rather than by its group and session alone.
+func refreshRecorded(t *testing.T, loop *Loop, pids ...int) *Snapshot {
+	t.Helper()
+	var s *Snapshot
+	testenv.Eventually(t, 5*time.Second, "the fork record to know the holders", func() bool {
+		s = loop.Refresh(context.Background(), false)
+		for _, pid := range pids {
+			if h, ok := suspectOf(s.GPUs[0], pid); ok && h.Proof == NoProofMembershipOnly {
+				return false
+			}
+		}
+		return true
+	})
+	return s
 }

@@ -74,6 +74,15 @@ const (
 	// NoProofExeced: it, or a process between it and the owner, ran exec
 	// since the fork and did not keep the inherited files.
 	NoProofExeced = "exec_since_fork"
+	// NoProofForkerUnsure: it, or a process between it and the owner, may
+	// hold files that are not its parent's: the parent held no GPU device
+	// when it forked, or another child of the parent may have cloned it
+	// (CLONE_PARENT makes the fork event name the caller's parent).
+	NoProofForkerUnsure = "parent_files_unproven_at_fork"
+	// NoProofOwnerNotRead: the process with the owner's PID on its line
+	// died before its start time was read, so whether it is the owner
+	// that NVML lists is not known.
+	NoProofOwnerNotRead = "dead_owner_not_identified"
 	// NoProofOwnerPIDReused: more than one dead process had the owner's
 	// PID, and which one NVML lists is not known.
 	NoProofOwnerPIDReused = "dead_owner_pid_reused"

@@ -729,6 +729,10 @@ func noProofFor(err error) string {
 		return NoProofNotAtFork
 	case errors.Is(err, forks.ErrExeced):
 		return NoProofExeced
+	case errors.Is(err, forks.ErrForkerUnsure):
+		return NoProofForkerUnsure
+	case errors.Is(err, forks.ErrOwnerNotRead):
+		return NoProofOwnerNotRead
 	case errors.Is(err, forks.ErrAmbiguous):
 		return NoProofOwnerPIDReused
 	}

@@ -20,6 +20,8 @@ const MapperEnv = "GPU_ORPHAN_TEST_MAPPER"
 // fd 3, as a context maps its GPU's, and sleeps. Call it first in TestMain.
 func RunMapperIfAsked() {
 	runSubreaperIfAsked()
+	runCloneParentIfAsked()
+	runPreforkIfAsked()
 	if os.Getenv(MapperEnv) != "1" {
 		return
 	}
