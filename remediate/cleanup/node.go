@@ -509,12 +509,24 @@ func (n *Node) otherHolders(a remediate.Action, g snapshot.GPU) []remediate.Left
 		detail := "holds the device node mapped and was not a target"
 		for _, e := range a.Excluded {
 			if e.PID == h.PID {
-				detail = "excluded: " + string(e.Why)
+				detail = excludedDetail(e, g)
 			}
 		}
 		out = append(out, remediate.Leftover{PID: h.PID, Kind: LeftoverOtherHolder, Detail: h.Comm + ": " + detail})
 	}
 	return out
+}
+
+// excludedDetail says why the plan left a holder alone, with what the
+// snapshot says of its proof (or of why nothing proves it).
+func excludedDetail(e remediate.Exclusion, g snapshot.GPU) string {
+	detail := "excluded: " + string(e.Why)
+	for _, h := range g.Suspects {
+		if h.PID == e.PID && h.Proof != "" {
+			return detail + " (" + h.Proof + ")"
+		}
+	}
+	return detail
 }
 
 // LeftoverOtherHolder is the Leftover kind of a process the action did not
@@ -573,7 +585,7 @@ func (n *Node) leftovers(a remediate.Action, g snapshot.GPU) []remediate.Leftove
 		why := "holds the device node and was not a target"
 		for _, e := range a.Excluded {
 			if e.PID == pid {
-				why = "excluded: " + string(e.Why)
+				why = excludedDetail(e, g)
 			}
 		}
 		out = append(out, remediate.Leftover{PID: pid, Kind: "protected", Detail: why})
