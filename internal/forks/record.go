@@ -763,23 +763,39 @@ func (r *Record) isWatched(n *node) bool {
 }
 
 // keptFiles reports whether child shares an open file of one of devs with
-// parent, and whether parent holds any of them.
+// parent, and whether parent holds any of them. Each fd table is read
+// once.
 func (r *Record) keptFiles(child, parent int, devs []proc.Device) (kept, parentHolds bool) {
-	for _, dev := range devs {
-		hp, ok, err := r.fs.HoldingOf(parent, dev)
-		if err != nil || !ok {
-			continue
-		}
-		parentHolds = true
-		hc, ok, err := r.fs.HoldingOf(child, dev)
-		if err != nil || !ok {
-			continue
-		}
-		if same, err := r.fs.SharesFile(hc, hp); err == nil && same {
-			return true, true
+	hp, err := r.fs.HoldingsOf(parent, devs)
+	if err != nil {
+		return false, false
+	}
+	var held []proc.Device
+	for i, h := range hp {
+		if len(h.FDs) > 0 {
+			held = append(held, devs[i])
 		}
 	}
-	return false, parentHolds
+	if len(held) == 0 {
+		return false, false
+	}
+	hc, err := r.fs.HoldingsOf(child, held)
+	if err != nil {
+		return false, true
+	}
+	j := 0
+	for _, h := range hp {
+		if len(h.FDs) == 0 {
+			continue
+		}
+		if c := hc[j]; len(c.FDs) > 0 {
+			if same, err := r.fs.SharesFile(c, h); err == nil && same {
+				return true, true
+			}
+		}
+		j++
+	}
+	return false, true
 }
 
 // FlushExits checks the processes whose exit events arrived at least

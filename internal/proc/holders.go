@@ -133,26 +133,39 @@ func (fs FS) ScanHolders(devs []Device) (HolderScan, error) {
 // not be read for lack of privilege, ErrShielded when a security policy
 // shields it.
 func (fs FS) HoldingOf(pid int, dev Device) (h Holding, ok bool, err error) {
+	hs, err := fs.HoldingsOf(pid, []Device{dev})
+	if err != nil || len(hs[0].FDs) == 0 {
+		return Holding{}, false, err
+	}
+	return hs[0], true, nil
+}
+
+// HoldingsOf is HoldingOf for several devices, from one read of the fd
+// table: its holds indexed like devs, with no FDs where it holds none.
+func (fs FS) HoldingsOf(pid int, devs []Device) ([]Holding, error) {
 	rootfd, err := unix.Open(fs.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Holding{}, false, fmt.Errorf("open %s: %w", fs.root, err)
+		return nil, fmt.Errorf("open %s: %w", fs.root, err)
 	}
 	defer unix.Close(rootfd)
 	var s scanner
-	s.init(rootfd, []Device{dev})
+	s.init(rootfd, devs)
 	switch s.scanPID(pid) {
 	case tableGone:
-		return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrNotExist)
+		return nil, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrNotExist)
 	case tableDenied:
 		if fs.mayPtrace {
-			return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrShielded)
+			return nil, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrShielded)
 		}
-		return Holding{}, false, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrDenied)
+		return nil, fmt.Errorf("%s/%d/fd: %w", fs.root, pid, ErrDenied)
 	}
-	if len(s.hits[0]) == 0 {
-		return Holding{}, false, nil
+	out := make([]Holding, len(devs))
+	for i, hits := range s.hits {
+		if len(hits) > 0 {
+			out[i] = hits[0]
+		}
 	}
-	return s.hits[0][0], true, nil
+	return out, nil
 }
 
 // scanner is one worker's state: buffers reused across PIDs, and hits

@@ -54,7 +54,7 @@ func cloneParentAndPause() (uintptr, syscall.Errno) {
 		return pid, errno
 	}
 	for {
-		syscall.RawSyscall6(unix.SYS_PPOLL, 0, 0, 0, 0, 0, 0)
+		_, _, _ = syscall.RawSyscall6(unix.SYS_PPOLL, 0, 0, 0, 0, 0, 0)
 	}
 }
 
@@ -115,14 +115,14 @@ func forkHolder(path *byte, report int) (uintptr, syscall.Errno) {
 	atFDCWD := ^uintptr(99) // AT_FDCWD, -100
 	fd, _, errno := syscall.RawSyscall6(unix.SYS_OPENAT, atFDCWD, uintptr(unsafe.Pointer(path)), unix.O_RDONLY, 0, 0, 0)
 	if errno == 0 {
-		syscall.RawSyscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ, unix.MAP_SHARED, fd, 0)
+		_, _, _ = syscall.RawSyscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ, unix.MAP_SHARED, fd, 0)
 	}
 	child, _, errno := syscall.RawSyscall6(unix.SYS_CLONE, uintptr(unix.SIGCHLD), 0, 0, 0, 0, 0)
 	if errno == 0 && child != 0 {
 		pid := int64(child)
-		syscall.RawSyscall6(unix.SYS_WRITE, uintptr(report), uintptr(unsafe.Pointer(&pid)), 8, 0, 0, 0)
+		_, _, _ = syscall.RawSyscall6(unix.SYS_WRITE, uintptr(report), uintptr(unsafe.Pointer(&pid)), 8, 0, 0, 0)
 	}
 	for {
-		syscall.RawSyscall6(unix.SYS_PPOLL, 0, 0, 0, 0, 0, 0)
+		_, _, _ = syscall.RawSyscall6(unix.SYS_PPOLL, 0, 0, 0, 0, 0, 0)
 	}
 }
