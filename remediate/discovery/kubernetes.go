@@ -14,6 +14,13 @@
 // it has one), its controller is the agents' DaemonSet (by name and UID),
 // it runs on the endpoint's node, at the endpoint's address, and serves
 // the endpoint's port. That needs RBAC get on pods and on the DaemonSet.
+//
+// A read that fails at run time (a lost permission, an API server away)
+// is counted by resource, logged at once and then at most once a minute
+// while it goes on, and its recovery logged: the informer retries within
+// a second at first, which would flood the log. Meanwhile the agents found
+// before stay known, no new one is found, and an endpoint whose pod cannot
+// be read is no agent until it can.
 package discovery
 
 import (
@@ -21,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -38,6 +46,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -77,7 +87,8 @@ type Config struct {
 	DaemonSet string
 	// SyncTimeout bounds the wait for the first list at Start.
 	SyncTimeout time.Duration
-	// Registerer gets the gauge of discovered agents; nil registers none.
+	// Registerer gets the gauge of discovered agents and the counter of
+	// failed reads; nil registers none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -89,6 +100,8 @@ type Kubernetes struct {
 	cfg        Config
 	restConfig *rest.Config
 	discovered prometheus.Gauge
+	// failures of the reads of EndpointSlices, pods and the DaemonSet.
+	slicesFailed, podsFailed, daemonSetFailed *failureLog
 
 	// agents is node → agent, replaced whole on every change.
 	agents atomic.Pointer[map[string]agent]
@@ -110,6 +123,13 @@ type Kubernetes struct {
 	// checks the API server could not answer (retry, under rebuildMu).
 	list  func() []any
 	retry *time.Timer
+	// retryAfter is retryCheck but in tests.
+	retryAfter time.Duration
+	// stopped is set, under rebuildMu, when the discovery's context ends:
+	// no retry is scheduled after it.
+	stopped bool
+	// runCtx is the discovery's: the pod reads end with it.
+	runCtx context.Context
 }
 
 // retryCheck is how soon the endpoints whose pods could not be read are
@@ -157,13 +177,27 @@ func New(cfg Config) (*Kubernetes, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes discovery: %w", err)
 	}
-	k := &Kubernetes{cfg: cfg, restConfig: rc}
+	k := &Kubernetes{cfg: cfg, restConfig: rc, retryAfter: retryCheck, runCtx: context.Background()}
 	k.agents.Store(&map[string]agent{})
 	k.discovered = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "gpu_orphan", Subsystem: "dispatcher", Name: "discovered_agents",
 		Help: "Nodes whose agent the dispatcher found ready in the agents' EndpointSlices (Kubernetes discovery)."})
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "gpu_orphan", Subsystem: "dispatcher", Name: "discovery_errors_total",
+		Help: "Failed reads of Kubernetes discovery, by resource: a list or watch of the agents' EndpointSlices, a get of a pod or of the agents' DaemonSet."},
+		[]string{"resource"})
+	k.slicesFailed = &failureLog{counter: failed.WithLabelValues("endpointslices"), logger: cfg.Logger,
+		what: "listing and watching the agents' EndpointSlices", rbac: "RBAC verbs list and watch on endpointslices (API group discovery.k8s.io)"}
+	k.podsFailed = &failureLog{counter: failed.WithLabelValues("pods"), logger: cfg.Logger,
+		what: "reading the pods that the agents' endpoints name", rbac: "RBAC verb get on pods"}
+	k.daemonSetFailed = &failureLog{counter: failed.WithLabelValues("daemonsets"), logger: cfg.Logger,
+		what: "reading the agents' DaemonSet", rbac: "RBAC verb get on daemonsets (API group apps)"}
+	for _, f := range []*failureLog{k.slicesFailed, k.podsFailed, k.daemonSetFailed} {
+		f.namespace = cfg.Namespace
+	}
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(k.discovered); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{k.discovered, failed} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return k, nil
@@ -240,9 +274,10 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("kubernetes discovery: %w", err)
 	}
 	selector := discoveryv1.LabelServiceName + "=" + k.cfg.Service
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(k.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	informer := factory.Discovery().V1().EndpointSlices().Informer()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(k.cfg.Namespace))
+	informer := factory.InformerFor(&discoveryv1.EndpointSlice{}, func(client kubernetes.Interface, _ time.Duration) cache.SharedIndexInformer {
+		return k.sliceInformer(client, selector)
+	})
 
 	var lastErr atomic.Pointer[error]
 	// A refusal will not go away by waiting: it ends the start at once.
@@ -255,9 +290,15 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 			default:
 			}
 		}
+		if errors.Is(err, io.EOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			// A watch that ended, or a list at a resourceVersion too old:
+			// the informer lists again, nothing failed.
+			k.cfg.Logger.Info("The watch of the agents' EndpointSlices ended; listing them again", "namespace", k.cfg.Namespace, "err", err)
+			return
+		}
 		// The informer backs off and retries; the agents found so far
 		// stay known meanwhile.
-		k.cfg.Logger.Warn("Listing or watching the agents' EndpointSlices failed; retrying", "namespace", k.cfg.Namespace, "selector", selector, "err", err)
+		k.slicesFailed.fail(err, "selector", selector)
 	}); err != nil {
 		return fmt.Errorf("kubernetes discovery: %w", err)
 	}
@@ -279,9 +320,11 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 			stop()
 		}
 	}()
+	k.runCtx = runCtx
 	factory.Start(runCtx.Done())
 	go func() {
 		<-runCtx.Done()
+		k.stop()
 		factory.Shutdown()
 	}()
 	synced := make(chan struct{})
@@ -323,6 +366,137 @@ func (k *Kubernetes) Start(ctx context.Context) (err error) {
 	}
 	k.cfg.Logger.Info("Kubernetes discovery synced", "namespace", k.cfg.Namespace, "service", k.cfg.Service, "agents", len(*k.agents.Load()))
 	return nil
+}
+
+// sliceInformer is the informer of the Service's slices: the one of
+// client-go's factory, but that the lists and watches tell failureLog
+// when they work again, and that a watch that expires is logged.
+func (k *Kubernetes) sliceInformer(client kubernetes.Interface, selector string) cache.SharedIndexInformer {
+	api := client.DiscoveryV1().EndpointSlices(k.cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			l, err := api.List(ctx, o)
+			if err == nil {
+				k.slicesFailed.ok()
+			}
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			w, err := api.Watch(ctx, o)
+			if err != nil {
+				return nil, err
+			}
+			k.slicesFailed.ok()
+			return newExpiryWatch(w, func(err error) {
+				// client-go lists again, and says so only at klog's -v=4.
+				k.cfg.Logger.Info("The API server ended the watch of the agents' EndpointSlices: its resourceVersion is too old (410 Gone); listing them again",
+					"namespace", k.cfg.Namespace, "resource_version", o.ResourceVersion, "err", err)
+			}), nil
+		},
+	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &discoveryv1.EndpointSlice{},
+		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}})
+}
+
+// expiryWatch passes a watch's events on, and calls expired with the
+// error event that ends it because its resourceVersion is too old.
+type expiryWatch struct {
+	watch.Interface
+	events chan watch.Event
+	done   chan struct{}
+	once   sync.Once
+}
+
+func newExpiryWatch(w watch.Interface, expired func(error)) watch.Interface {
+	ew := &expiryWatch{Interface: w, events: make(chan watch.Event), done: make(chan struct{})}
+	go func() {
+		defer close(ew.events)
+		for e := range w.ResultChan() {
+			if e.Type == watch.Error {
+				if err := apierrors.FromObject(e.Object); apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+					expired(err)
+				}
+			}
+			select {
+			case ew.events <- e:
+			case <-ew.done:
+				// The reader stopped: no send may block this goroutine.
+				return
+			}
+		}
+	}()
+	return ew
+}
+
+func (ew *expiryWatch) ResultChan() <-chan watch.Event { return ew.events }
+
+func (ew *expiryWatch) Stop() {
+	ew.once.Do(func() { close(ew.done) })
+	ew.Interface.Stop()
+}
+
+// stop ends the retries: the discovery's context has ended.
+func (k *Kubernetes) stop() {
+	k.rebuildMu.Lock()
+	defer k.rebuildMu.Unlock()
+	k.stopped = true
+	if k.retry != nil {
+		k.retry.Stop()
+		k.retry = nil
+	}
+}
+
+// failureLog counts and logs the failures of one kind of read: the first
+// at once, then at most a line a minute while they go on, and the first
+// success after them.
+type failureLog struct {
+	counter prometheus.Counter
+	logger  *slog.Logger
+	// what failed, and the permission that it needs, for the log.
+	what, rbac, namespace string
+
+	mu sync.Mutex
+	// since is the first failure of those going on, zero when none;
+	// logged the last line; failures counts them.
+	since, logged time.Time
+	failures      int
+}
+
+// failureLogEvery is how often failures that go on are logged.
+const failureLogEvery = time.Minute
+
+func (f *failureLog) fail(err error, args ...any) {
+	f.counter.Inc()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	f.failures++
+	if f.since.IsZero() {
+		f.since = now
+	} else if now.Sub(f.logged) < failureLogEvery {
+		return
+	}
+	f.logged = now
+	args = append(args, "namespace", f.namespace, "failures", f.failures, "failing_for", now.Sub(f.since).Round(time.Second).String(), "err", err)
+	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+		f.logger.Error("Kubernetes discovery: "+f.what+" is refused: the dispatcher's service account needs "+f.rbac+
+			"; the agents found before stay known, and no other is found until it works again", args...)
+		return
+	}
+	f.logger.Warn("Kubernetes discovery: "+f.what+" failed; retrying, the agents found before stay known", args...)
+}
+
+func (f *failureLog) ok() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.since.IsZero() {
+		return
+	}
+	f.logger.Info("Kubernetes discovery: "+f.what+" works again", "namespace", f.namespace, "failures", f.failures,
+		"failed_for", time.Since(f.since).Round(time.Second).String())
+	f.since, f.failures = time.Time{}, 0
 }
 
 // probe lists the slices once, for the error.
@@ -371,12 +545,15 @@ func (k *Kubernetes) rebuild(objs []any) {
 		return why
 	})
 	k.warned, k.checked = warned, checked
-	if retry && k.list != nil && k.retry == nil {
-		k.retry = time.AfterFunc(retryCheck, func() {
+	if retry && k.list != nil && k.retry == nil && !k.stopped {
+		k.retry = time.AfterFunc(k.retryAfter, func() {
 			k.rebuildMu.Lock()
 			k.retry = nil
+			stopped := k.stopped
 			k.rebuildMu.Unlock()
-			k.rebuild(k.list())
+			if !stopped {
+				k.rebuild(k.list())
+			}
 		})
 	}
 	prev := *k.agents.Load()
@@ -416,20 +593,23 @@ func (k *Kubernetes) rebuild(objs []any) {
 // DaemonSet, read at the first call that needs it. transient is true when
 // the API server could not say (an error other than 404).
 func (k *Kubernetes) checkPod(ds **appsv1.DaemonSet, e discoveryv1.Endpoint, port int32) (why string, transient bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(k.runCtx, 10*time.Second)
 	defer cancel()
-	failed := func(what string, err error) (string, bool) {
+	failed := func(log *failureLog, what string, err error) (string, bool) {
 		if !apierrors.IsNotFound(err) {
 			k.podErr.Store(&err)
+			log.fail(err, "read", what)
 			return what + ": " + err.Error(), true
 		}
+		log.ok()
 		return what + ": " + err.Error(), false
 	}
 	ref := e.TargetRef
 	pod, err := k.client.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
-		return failed("reading pod "+ref.Namespace+"/"+ref.Name, err)
+		return failed(k.podsFailed, "reading pod "+ref.Namespace+"/"+ref.Name, err)
 	}
+	k.podsFailed.ok()
 	if ref.UID != "" && pod.UID != ref.UID {
 		return fmt.Sprintf("pod %s is another pod of that name (UID %s, the endpoint names %s)", pod.Name, pod.UID, ref.UID), false
 	}
@@ -440,8 +620,9 @@ func (k *Kubernetes) checkPod(ds **appsv1.DaemonSet, e discoveryv1.Endpoint, por
 	if *ds == nil {
 		d, err := k.client.AppsV1().DaemonSets(k.cfg.Namespace).Get(ctx, k.cfg.DaemonSet, metav1.GetOptions{})
 		if err != nil {
-			return failed("reading DaemonSet "+k.cfg.Namespace+"/"+k.cfg.DaemonSet, err)
+			return failed(k.daemonSetFailed, "reading DaemonSet "+k.cfg.Namespace+"/"+k.cfg.DaemonSet, err)
 		}
+		k.daemonSetFailed.ok()
 		*ds = d
 	}
 	if owner.UID != (*ds).UID {

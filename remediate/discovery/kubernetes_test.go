@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"log/slog"
 	"maps"
 	"net"
@@ -229,14 +230,16 @@ func TestUnreachableFailsStart(t *testing.T) {
 	}
 }
 
-// TestMetricDocumented: the gauge is in docs/metrics.md.
+// TestMetricDocumented: the gauge and the counter are in docs/metrics.md.
 func TestMetricDocumented(t *testing.T) {
 	b, err := os.ReadFile("../../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), "`gpu_orphan_dispatcher_discovered_agents`") {
-		t.Error("docs/metrics.md does not document gpu_orphan_dispatcher_discovered_agents")
+	for _, name := range []string{"gpu_orphan_dispatcher_discovered_agents", "gpu_orphan_dispatcher_discovery_errors_total"} {
+		if !strings.Contains(string(b), "`"+name+"`") {
+			t.Errorf("docs/metrics.md does not document %s", name)
+		}
 	}
 }
 
@@ -270,4 +273,59 @@ func TestPodsReadOncePerEndpoint(t *testing.T) {
 	api.DeletePod("agent-gpu-a")
 	api.Apply(kubeapi.Slice("agents-b", service, "remediator", 10836, kubeapi.Endpoint("gpu-b", "10.0.0.6", ready)))
 	waitAgents(t, k, map[string]string{"gpu-a": "http://10.0.0.5:10836", "gpu-b": "http://10.0.0.6:10836"})
+}
+
+// TestRetryStopsWithDiscovery: the retry of a check that the API server
+// could not answer (a 403 on pods) reads the pod again while discovery
+// runs, counted in gpu_orphan_dispatcher_discovery_errors_total, and is
+// neither tried nor scheduled once discovery's context has ended (it
+// was, every retryCheck, for as long as the process lived).
+func TestRetryStopsWithDiscovery(t *testing.T) {
+	api := kubeapi.Start(t, ns)
+	ds := api.AddDaemonSet(service)
+	api.AddPod(kubeapi.AgentPod("agent-gpu-a", ds, "gpu-a", "10.0.0.5", "remediator", 10836))
+	api.AddPod(kubeapi.AgentPod("agent-gpu-b", ds, "gpu-b", "10.0.0.6", "remediator", 10836))
+	api.Apply(kubeapi.Slice("agents-a", service, "remediator", 10836, kubeapi.Endpoint("gpu-a", "10.0.0.5", ready)))
+	reg := prometheus.NewRegistry()
+	k, err := New(Config{Service: service, Namespace: ns, PortName: "remediator", Scheme: "http",
+		Kubeconfig: api.Kubeconfig(t), SyncTimeout: 10 * time.Second, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.retryAfter = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	api.ForbidPods(true)
+	api.Apply(kubeapi.Slice("agents-b", service, "remediator", 10836, kubeapi.Endpoint("gpu-b", "10.0.0.6", ready)))
+	gets := api.PodGets()
+	testenv.Eventually(t, 10*time.Second, "gpu-b's pod to be read again, and again", func() bool { return api.PodGets() >= gets+3 })
+	if got := k.Agents(); !maps.Equal(got, map[string]string{"gpu-a": "http://10.0.0.5:10836"}) {
+		t.Errorf("while pods are forbidden: %v, want gpu-a only (known before), not gpu-b (its pod unread)", got)
+	}
+	if v := testutil.ToFloat64(k.podsFailed.counter); v < 3 {
+		t.Errorf("discovery_errors_total{resource=\"pods\"} = %v, want a count of the failed reads", v)
+	}
+
+	cancel()
+	// Let the informer's shutdown and a timer already due run out.
+	testenv.Eventually(t, 10*time.Second, "discovery to stop", func() bool {
+		k.rebuildMu.Lock()
+		defer k.rebuildMu.Unlock()
+		return k.stopped
+	})
+	time.Sleep(50 * time.Millisecond)
+	gets, failed := api.PodGets(), testutil.ToFloat64(k.podsFailed.counter)
+	// Absence has no condition to wait on: 25 retry periods.
+	time.Sleep(25 * k.retryAfter)
+	if got := api.PodGets(); got != gets {
+		t.Errorf("the pod was read %d times after discovery stopped", got-gets)
+	}
+	if got := testutil.ToFloat64(k.podsFailed.counter); got != failed {
+		t.Errorf("%v more reads of the pod were tried after discovery stopped", got-failed)
+	}
 }
