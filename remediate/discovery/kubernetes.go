@@ -449,7 +449,8 @@ func (k *Kubernetes) stop() {
 }
 
 // failureLog counts and logs the failures of one kind of read: the first
-// at once, then at most a line a minute while they go on, and the first
+// at once, then at most a line a minute while they go on (at once when
+// the reason changes: an API server away, then a 403), and the first
 // success after them.
 type failureLog struct {
 	counter prometheus.Counter
@@ -459,8 +460,9 @@ type failureLog struct {
 
 	mu sync.Mutex
 	// since is the first failure of those going on, zero when none;
-	// logged the last line; failures counts them.
+	// logged the last line, and reason its error's; failures counts them.
 	since, logged time.Time
+	reason        metav1.StatusReason
 	failures      int
 }
 
@@ -471,14 +473,14 @@ func (f *failureLog) fail(err error, args ...any) {
 	f.counter.Inc()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := time.Now()
+	now, reason := time.Now(), apierrors.ReasonForError(err)
 	f.failures++
 	if f.since.IsZero() {
 		f.since = now
-	} else if now.Sub(f.logged) < failureLogEvery {
+	} else if now.Sub(f.logged) < failureLogEvery && reason == f.reason {
 		return
 	}
-	f.logged = now
+	f.logged, f.reason = now, reason
 	args = append(args, "namespace", f.namespace, "failures", f.failures, "failing_for", now.Sub(f.since).Round(time.Second).String(), "err", err)
 	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 		f.logger.Error("Kubernetes discovery: "+f.what+" is refused: the dispatcher's service account needs "+f.rbac+

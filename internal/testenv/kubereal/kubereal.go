@@ -10,12 +10,14 @@
 //
 // One control plane serves a test process: Get starts it the first time
 // (a few seconds) and Main stops it after the tests. Each test works in
-// namespaces of its own. When the binaries are not built, Get skips the
+// namespaces of its own. A test that needs kube-apiserver flags of its
+// own, or restarts it, gets a control plane of its own from Own. When the binaries are not built, Get skips the
 // test and says how to build them (make e2e-kubernetes).
 package kubereal
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -23,9 +25,11 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -67,7 +71,11 @@ type ControlPlane struct {
 	StartedIn time.Duration
 
 	dir, caFile, adminToken string
-	etcd, apiserver         *exec.Cmd
+	// bin is the binaries' directory; apiArgs kube-apiserver's arguments,
+	// for a restart.
+	bin, etcdURL    string
+	apiArgs         []string
+	etcd, apiserver *exec.Cmd
 	// etcdDone and apiDone are closed when the process has exited.
 	etcdDone, apiDone chan struct{}
 	port              *freeport.Port
@@ -132,7 +140,7 @@ func Get(t testing.TB) *ControlPlane {
 		if err != nil {
 			started = errSkip{err}
 		} else {
-			shared, started = start(dir, version)
+			shared, started = start(dir, version, nil)
 		}
 	}
 	var skip errSkip
@@ -164,14 +172,31 @@ func Main(m *testing.M) int {
 	return code
 }
 
+// Own starts a control plane for t alone, stopped at its cleanup, with
+// extra kube-apiserver flags after the usual ones (a later flag wins); it
+// skips t as Get does.
+func Own(t testing.TB, apiserverFlags ...string) *ControlPlane {
+	t.Helper()
+	dir, version, err := Dir()
+	if err != nil {
+		t.Skip(err.Error())
+	}
+	c, err := start(dir, version, apiserverFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
 // start starts etcd, then kube-apiserver, and waits for /readyz.
-func start(bin, version string) (_ *ControlPlane, err error) {
+func start(bin, version string, extra []string) (_ *ControlPlane, err error) {
 	begin := time.Now()
 	dir, err := os.MkdirTemp("", "gpu-orphan-kube-")
 	if err != nil {
 		return nil, err
 	}
-	c := &ControlPlane{dir: dir, Version: version}
+	c := &ControlPlane{dir: dir, Version: version, bin: bin}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w%s", err, c.logs())
@@ -182,6 +207,7 @@ func start(bin, version string) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
+	c.etcdURL = etcdURL
 	if err := c.writeCredentials(); err != nil {
 		return nil, err
 	}
@@ -191,16 +217,16 @@ func start(bin, version string) (_ *ControlPlane, err error) {
 	}
 	_, port, _ := net.SplitHostPort(c.port.Addr)
 	c.URL = "https://" + c.port.Addr
-	c.apiserver = exec.Command(filepath.Join(bin, "kube-apiserver"),
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+port,
-		"--tls-cert-file="+filepath.Join(dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving.key"),
-		"--cert-dir="+filepath.Join(dir, "certs"),
+	c.apiArgs = append([]string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + port,
+		"--tls-cert-file=" + filepath.Join(dir, "serving.crt"), "--tls-private-key-file=" + filepath.Join(dir, "serving.key"),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+filepath.Join(dir, "sa.pub"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-account-key-file=" + filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
 		"--authorization-mode=Node,RBAC",
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--allow-privileged=true",
 		// The "kubernetes" Service's endpoints would name 127.0.0.1, which
@@ -208,14 +234,25 @@ func start(bin, version string) (_ *ControlPlane, err error) {
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=true",
 		"--v=1",
-	)
-	if c.apiserver.Stdout, err = os.Create(filepath.Join(dir, "kube-apiserver.log")); err != nil {
+	}, extra...)
+	if err := c.startAPIServer(); err != nil {
 		return nil, err
+	}
+	c.StartedIn = time.Since(begin)
+	return c, nil
+}
+
+// startAPIServer starts kube-apiserver, its log appended to, and waits
+// for /readyz.
+func (c *ControlPlane) startAPIServer() (err error) {
+	c.apiserver = exec.Command(filepath.Join(c.bin, "kube-apiserver"), c.apiArgs...)
+	if c.apiserver.Stdout, err = os.OpenFile(filepath.Join(c.dir, "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+		return err
 	}
 	c.apiserver.Stderr = c.apiserver.Stdout
 	c.apiserver.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.apiserver.Start(); err != nil {
-		return nil, err
+		return err
 	}
 	exited := make(chan error, 1)
 	c.apiDone = make(chan struct{})
@@ -225,7 +262,7 @@ func start(bin, version string) (_ *ControlPlane, err error) {
 	}()
 	client, err := kubernetes.NewForConfig(c.AdminConfig())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	deadline := time.Now().Add(testenv.Scale(60 * time.Second))
 	for {
@@ -235,15 +272,158 @@ func start(bin, version string) (_ *ControlPlane, err error) {
 		}
 		select {
 		case werr := <-exited:
-			return nil, fmt.Errorf("kube-apiserver exited: %v", werr)
+			return fmt.Errorf("kube-apiserver exited: %v", werr)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("kube-apiserver not ready within %s: %v", testenv.Scale(60*time.Second), err)
+			return fmt.Errorf("kube-apiserver not ready within %s: %v", testenv.Scale(60*time.Second), err)
 		}
 	}
-	c.StartedIn = time.Since(begin)
-	return c, nil
+	return nil
+}
+
+// RestartAPIServer stops kube-apiserver (SIGTERM: its watches end), calls
+// whileDown (when not nil), and starts it again with the same flags, on
+// the same port, over the same etcd; it returns once /readyz answers.
+// The log goes on in the same file.
+func (c *ControlPlane) RestartAPIServer(t testing.TB, whileDown func()) {
+	t.Helper()
+	_ = c.apiserver.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.apiDone:
+	case <-time.After(testenv.Scale(30 * time.Second)):
+		_ = c.apiserver.Process.Kill()
+		<-c.apiDone
+	}
+	if whileDown != nil {
+		whileDown()
+	}
+	if err := c.startAPIServer(); err != nil {
+		t.Fatalf("restarting kube-apiserver: %v%s", err, c.logs())
+	}
+}
+
+// CompactEtcd writes a key of its own twice and compacts etcd's history
+// up to the second write's revision, which it returns: every
+// resourceVersion read before the call is then older than the compaction
+// by two, and a watch from it (which starts at the next revision) fails
+// with 410 Gone where kube-apiserver reads it from etcd
+// (--watch-cache=false). It speaks etcd's gRPC (KV.Put, KV.Compact) over
+// cleartext HTTP/2 with hand-written protobuf: etcd's JSON gateway dials
+// the configured client URL, 127.0.0.1:0, and the module has no etcd
+// client.
+func (c *ControlPlane) CompactEtcd(t testing.TB) int64 {
+	t.Helper()
+	// PutRequest{key: 1, value: 2}
+	key, value := "/gpu-orphan-test/compact", "x"
+	put := append(append([]byte{0x0a, byte(len(key))}, key...), append([]byte{0x12, byte(len(value))}, value...)...)
+	c.etcdCall(t, "Put", put)
+	// PutResponse{header: 1 ResponseHeader{revision: 3}}
+	rev := protoVarint(t, protoField(t, c.etcdCall(t, "Put", put), 1), 3)
+	// CompactionRequest{revision: 1, physical: 2}
+	c.etcdCall(t, "Compact", append(binary.AppendUvarint([]byte{0x08}, uint64(rev)), 0x10, 1))
+	return int64(rev)
+}
+
+// etcdCall calls etcdserverpb.KV/method with the request's protobuf
+// bytes, and returns the reply's.
+func (c *ControlPlane) etcdCall(t testing.TB, method string, msg []byte) []byte {
+	t.Helper()
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	// A gRPC message: not compressed (0), its length, the bytes.
+	body := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, c.etcdURL+"/etcdserverpb.KV/"+method, bytes.NewReader(append(body, msg...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("TE", "trailers")
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("etcd %s: %v", method, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("etcd %s: %v", method, err)
+	}
+	status := resp.Trailer.Get("Grpc-Status")
+	if status == "" {
+		status = resp.Header.Get("Grpc-Status")
+	}
+	if resp.StatusCode != http.StatusOK || status != "0" || len(b) < 5 {
+		t.Fatalf("etcd %s: %s, grpc-status %q %q", method, resp.Status, status, resp.Trailer.Get("Grpc-Message")+resp.Header.Get("Grpc-Message"))
+	}
+	return b[5:]
+}
+
+// protoField is the bytes of the length-delimited field num of msg.
+func protoField(t testing.TB, msg []byte, num uint64) []byte {
+	t.Helper()
+	for len(msg) > 0 {
+		tag, n := binary.Uvarint(msg)
+		if n <= 0 {
+			break
+		}
+		msg = msg[n:]
+		switch tag & 7 {
+		case 0:
+			_, n = binary.Uvarint(msg)
+			msg = msg[n:]
+		case 2:
+			l, n := binary.Uvarint(msg)
+			if n <= 0 || uint64(len(msg)-n) < l {
+				t.Fatalf("etcd's reply: a field runs past its end")
+			}
+			if tag>>3 == num {
+				return msg[n : n+int(l)]
+			}
+			msg = msg[n+int(l):]
+		default:
+			t.Fatalf("etcd's reply: wire type %d", tag&7)
+		}
+	}
+	t.Fatalf("etcd's reply has no field %d", num)
+	return nil
+}
+
+// protoVarint is the varint field num of msg.
+func protoVarint(t testing.TB, msg []byte, num uint64) uint64 {
+	t.Helper()
+	for len(msg) > 0 {
+		tag, n := binary.Uvarint(msg)
+		if n <= 0 {
+			break
+		}
+		msg = msg[n:]
+		switch tag & 7 {
+		case 0:
+			v, n := binary.Uvarint(msg)
+			if tag>>3 == num {
+				return v
+			}
+			msg = msg[n:]
+		case 2:
+			l, n := binary.Uvarint(msg)
+			msg = msg[n+int(l):]
+		default:
+			t.Fatalf("etcd's reply: wire type %d", tag&7)
+		}
+	}
+	t.Fatalf("etcd's reply has no field %d", num)
+	return 0
+}
+
+// APIServerLog is kube-apiserver's log so far, across restarts.
+func (c *ControlPlane) APIServerLog(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dir, "kube-apiserver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // startEtcd starts etcd and reads the client URL it prints once ready.
