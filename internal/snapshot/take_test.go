@@ -184,20 +184,33 @@ func deadPID(t *testing.T) int {
 // creator's PID and the workers'.
 func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	t.Helper()
-	end := "wait"
+	end, lines := "exec 4<&-; wait", n
 	if zombie {
 		// Its workers run exec: the creator lives until their execs were
 		// checked against its open files (the fork record), then exits.
-		end = "sleep 1; exit 0"
+		end, lines = "read -r _ <&4; exec 4<&-; sleep 1; exit 0", n+1
 	}
 	// No $(seq): a subshell of the session would be taken for a worker.
-	script := `exec 3<"$1"; for i in ` + strings.Repeat("x ", n) + `; do "$0" & done; ` + end
+	// Each worker runs its program (and a zombie creator goes on) only when
+	// the test says so (a line each on fd 4), once all are forked: a fork
+	// after a sibling's exec is of a parent with a child running its own
+	// program (it may have cloned with CLONE_PARENT), which the fork record
+	// rightly doubts where it cannot check; the order must not depend on
+	// the scheduler.
+	script := `exec 3<"$1"; for i in ` + strings.Repeat("x ", n) + `; do { read -r _ <&4; exec "$0" 4<&-; } & done; ` + end
+	gate, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	creator := exec.Command("sh", "-c", script, os.Args[0], dev)
 	creator.Env = testenv.MapperEnviron()
 	creator.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	creator.ExtraFiles = []*os.File{nil, gate} // fd 4
 	if err := creator.Start(); err != nil {
 		t.Fatal(err)
 	}
+	gate.Close()
+	defer release.Close()
 	pid := creator.Process.Pid
 	var workers []int
 	held := &testenv.Workload{Cmd: creator, PID: pid}
@@ -221,6 +234,9 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 		}
 	}
 	held.Children = workers
+	if _, err := release.WriteString(strings.Repeat("go\n", lines)); err != nil {
+		t.Fatal(err)
+	}
 	held.Hold()
 	for _, w := range workers {
 		waitMapped(t, w, dev)

@@ -16,6 +16,10 @@ import (
 // stopTimeout is how long a daemon has between SIGTERM and SIGKILL.
 var stopTimeout = 10 * time.Second
 
+// killWait is how long Stop waits, on an idle machine, for what it killed
+// to be gone.
+const killWait = 5 * time.Second
+
 // daemon is a long-running process of the stack, in a session of its own,
 // logging to a file.
 //

@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/stack/freeport"
@@ -397,7 +398,7 @@ func (s *Stack) Stop() error {
 			}
 			s.emit(Event{Stage: StageStopped, Text: fmt.Sprintf("%s (pid %d)", d.name, d.pid())})
 		}
-		if left := s.Remaining(); len(left) > 0 {
+		if left := s.killRemaining(); len(left) > 0 {
 			s.stopErr = fmt.Errorf("processes %v of the stack survived SIGKILL", left)
 		}
 		if s.lock != nil {
@@ -406,6 +407,26 @@ func (s *Stack) Stop() error {
 		}
 	})
 	return s.stopErr
+}
+
+// killRemaining kills what is left in the stack's sessions until none is
+// left, for up to killWait stretched by the machine's slowness, and returns
+// the survivors. SIGKILL takes effect when its target next runs, which on
+// a loaded machine is not at once, and a shell may fork once more between
+// the listing and its own kill: one listing and one round of kills is not
+// proof that nothing is left.
+func (s *Stack) killRemaining() []int {
+	deadline := time.Now().Add(slowness.Scale(killWait, slowness.Factor()))
+	for {
+		left := s.Remaining()
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGKILL) // it may have exited since
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Remaining lists the live processes of the stack: any process in the
