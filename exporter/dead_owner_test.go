@@ -52,6 +52,17 @@ func waitOwned(t *testing.T, url string, pid int) {
 	})
 }
 
+// waitSnapshotAfter waits until the exporter publishes a snapshot taken
+// after at.
+func waitSnapshotAfter(t *testing.T, url string, at time.Time) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "a snapshot taken after "+at.Format(time.StampMilli), func() bool {
+		_, mfs := testenv.Scrape(t, url)
+		taken, ok := testenv.Value(mfs, "gpu_orphan_snapshot_timestamp_seconds", nil)
+		return ok && taken > float64(at.UnixNano())/1e9
+	})
+}
+
 // TestDeadOwnerIdentity: a job runs under the cgroup that Slurm (v1 and v2)
 // or the kubelet gives it, and is killed with -9 while a forked worker
 // keeps its context. The exporter that saw it alive names it; one started
@@ -76,9 +87,10 @@ func TestDeadOwnerIdentity(t *testing.T) {
 			root := testenv.SimNode(t, 2)
 			w := testenv.StartWorkload(t, root, 1, 1024, 1)
 			testenv.IntoCgroup(t, tc.mount, tc.rel, w.PID)
+			// The exporter starts after the move: the snapshot that
+			// waitOwned sees is a look at the owner in its cgroup.
 			url := metricsURL(t, root)
 			waitOwned(t, url, w.PID)
-			time.Sleep(300 * time.Millisecond) // a snapshot after the move
 			w.KillParent(t)
 
 			got := deadOwner(t, url, w.PID)
@@ -175,7 +187,7 @@ func TestDeadOwnerPIDReused(t *testing.T) {
 		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		return c
 	})
-	time.Sleep(500 * time.Millisecond) // snapshots with the newcomer in place
+	waitSnapshotAfter(t, url, time.Now()) // one with the newcomer in place
 	got := deadOwner(t, url, w.PID)
 	if got["comm"] != "gpu-orphan-sim" {
 		t.Errorf("dead owner %d named %q, want the dead trainer gpu-orphan-sim, never the newcomer", w.PID, got["comm"])

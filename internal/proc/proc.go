@@ -35,6 +35,12 @@ type Process struct {
 	// keep its descriptors and its GPU context (measured on the H200 after
 	// pthread_exit of a PyTorch process's main thread).
 	LeaderExited bool
+	// Exiting is set when every thread of the process has begun to exit
+	// (PF_EXITING) but it is not a zombie yet: it never runs its code
+	// again, and is not alive (FS.Alive), though it may still hold its
+	// files for a moment. /proc no longer says all it was: its cgroup v1
+	// paths read "/", its cmdline may be empty.
+	Exiting bool
 	// NSpid lists the process's PID in each nested PID namespace, outermost
 	// first (the NSpid line of /proc/PID/status).
 	NSpid []int

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/prometheus/procfs"
 )
 
 // maxCmdline caps Process.Cmdline: enough to recognise a job in a log line
@@ -25,6 +27,17 @@ func (fs FS) Process(pid int) (Process, error) {
 	if err != nil {
 		return Process{}, fs.wrap(pid, "", err)
 	}
+	// cgroup and cmdline are read before stat: a thread's exit flag, once
+	// set, stays, so a stat without it proves they were read before the
+	// exit began (see inExit).
+	cgs, err := p.Cgroups()
+	if err != nil {
+		return Process{}, fs.wrap(pid, "cgroup", err)
+	}
+	cmdline, err := readCmdline(filepath.Join(fs.root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return Process{}, fs.wrap(pid, "cmdline", err)
+	}
 	st, err := p.Stat()
 	if err != nil {
 		return Process{}, fs.wrap(pid, "stat", err)
@@ -33,13 +46,22 @@ func (fs FS) Process(pid int) (Process, error) {
 	if err != nil {
 		return Process{}, fs.wrap(pid, "status", err)
 	}
-	cgs, err := p.Cgroups()
-	if err != nil {
-		return Process{}, fs.wrap(pid, "cgroup", err)
-	}
-	cmdline, err := readCmdline(filepath.Join(fs.root, strconv.Itoa(pid), "cmdline"))
-	if err != nil {
-		return Process{}, fs.wrap(pid, "cmdline", err)
+	zombie := st.State == "Z" || st.State == "X"
+	leaderExited, exiting := false, false
+	if zombie || inExit(st.Flags) {
+		// The main thread is exiting, or has exited: the kernel shows
+		// "/" for each cgroup v1 hierarchy of such a thread (only v2
+		// keeps the path), and an empty cmdline once it let go of its
+		// memory. A look then would lose the Slurm job of a v1 node.
+		// A thread that has not started to exit still tells.
+		th, running, known := fs.runningThread(pid)
+		switch {
+		case running:
+			cgs, cmdline = th.cgroups, th.cmdline
+			leaderExited = zombie
+		case known && !zombie:
+			exiting = true
+		}
 	}
 
 	// The effective UID, as ps and top show it: the one permissions follow.
@@ -65,10 +87,8 @@ func (fs FS) Process(pid int) (Process, error) {
 			break
 		}
 	}
-	if pr.State == "Z" || pr.State == "X" {
-		// A process is alive while any of its threads is.
-		pr.LeaderExited = fs.threadAlive(pid)
-	}
+	// A process is alive while any of its threads is.
+	pr.LeaderExited, pr.Exiting = leaderExited, exiting
 	pr.Exe = fs.exe(pid, pr.LeaderExited)
 	for _, n := range status.NSpids {
 		pr.NSpid = append(pr.NSpid, int(n))
@@ -87,15 +107,16 @@ func (fs FS) Process(pid int) (Process, error) {
 }
 
 // Alive reads process pid and reports whether it is running: ok is false
-// when it does not exist or is a zombie (every thread has exited; a main
-// thread that exited while others run leaves the process alive). When /proc cannot tell (EACCES
+// when it does not exist, is a zombie (every thread has exited; a main
+// thread that exited while others run leaves the process alive), or is
+// Exiting (every thread has begun to). When /proc cannot tell (EACCES
 // under hidepid, an unparsable file), ok is true with only PID set: a
 // process must not be declared dead, and its memory orphaned, on a guess.
 func (fs FS) Alive(pid int) (Process, bool) {
 	p, err := fs.Process(pid)
 	switch {
 	case err == nil:
-		return p, !p.Zombie()
+		return p, !p.Zombie() && !p.Exiting
 	case gone(err):
 		return Process{PID: pid}, false
 	default:
@@ -166,20 +187,51 @@ func (c *userCache) name(uid int) string {
 	return n
 }
 
-// threadAlive reports whether a thread of pid other than its main thread
-// has not exited.
-func (fs FS) threadAlive(pid int) bool {
+// pfExiting is PF_EXITING in the flags of /proc/PID/stat (field 9): the
+// thread is in do_exit, and never runs its own code again. It is set at the
+// start of the exit and never cleared.
+const pfExiting = 0x4
+
+func inExit(flags uint) bool { return flags&pfExiting != 0 }
+
+// thread is what a running thread says of its process's identity.
+type thread struct {
+	cgroups []procfs.Cgroup
+	cmdline string
+}
+
+// runningThread reads the cgroups and cmdline of a thread of pid, other
+// than its main thread, that had not started to exit when they were read
+// (running). known is false when the threads could not be listed or read
+// (not gone: denied, unparsable): whether one runs is then not known.
+func (fs FS) runningThread(pid int) (th thread, running, known bool) {
 	tasks, err := fs.proc.AllThreads(pid)
 	if err != nil {
-		return false
+		return thread{}, false, gone(err)
 	}
+	known = true
 	for _, t := range tasks {
 		if t.PID == pid {
 			continue
 		}
-		if st, err := t.Stat(); err == nil && st.State != "Z" && st.State != "X" {
-			return true
+		cgs, err := t.Cgroups()
+		if err != nil {
+			known = known && gone(err)
+			continue
+		}
+		cmdline, err := readCmdline(filepath.Join(fs.root, strconv.Itoa(pid), "task", strconv.Itoa(t.PID), "cmdline"))
+		if err != nil {
+			known = known && gone(err)
+			continue
+		}
+		st, err := t.Stat()
+		if err != nil {
+			known = known && gone(err)
+			continue
+		}
+		if st.State != "Z" && st.State != "X" && !inExit(st.Flags) {
+			return thread{cgroups: cgs, cmdline: cmdline}, true, true
 		}
 	}
-	return false
+	return thread{}, false, known
 }
