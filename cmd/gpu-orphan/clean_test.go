@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,8 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
+	"github.com/gpu-orphan/gpu-orphan/remediate/hooks"
+	"github.com/gpu-orphan/gpu-orphan/remediate/store"
 )
 
 // simGPU reads GPU index of the simulated node at root.
@@ -131,31 +135,42 @@ setsid -w "$CLI" --backend=sim --sim.root="$ROOT" clean --gpu 1 --act --grace=1s
 	}
 }
 
-// TestCleanWaitsForMinAge (issue 15, finding 12b): `clean --min-age=1s
-// --act` on a fork orphan it has just met measures its age across
-// snapshots, as the remediator does, says what it waits for, and acts once
-// the orphan is a second old: exit 0, memory back.
+// TestCleanWaitsForMinAge (issue 15, finding 12b): `clean --min-age
+// --act` on a fork orphan younger than the min-age says what it waits for,
+// and acts once the orphan is that old: exit 0, memory back. The age runs
+// from the trainer's death as the node agent recorded it (clean reads it
+// in the agent's store), not from clean's start: the min-age is chosen
+// longer than the time already passed since the death plus clean's
+// start-up, stretched by the machine's slowness, in whole seconds.
 func TestCleanWaitsForMinAge(t *testing.T) {
 	t.Parallel()
 	root := testenv.SimNode(t, 2)
+	testenv.Bin(t, "gpu-orphan") // built before the orphan's clock starts
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
 	storePath := filepath.Join(t.TempDir(), "r.db")
 	testenv.NodeAgent(t, root, storePath)
 	w.KillParent(t)
 	waitInherited(t, storePath, w.Children...)
-	start := time.Now()
-	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "1", "--act", "--min-age=1s", "--grace=1s", "--store.path="+storePath)
-	took := time.Since(start)
-	if code != 0 {
-		t.Errorf("clean --min-age=1s --act: exit %d, want 0\n%s%s", code, stdout, stderr)
+	died := waitDeadSince(t, storePath, w.PID)
+	// A margin for clean to start, read the store and plan once: far
+	// more than it takes, even stretched by the load.
+	minAge := (time.Since(died) + testenv.Scale(2*time.Second)).Truncate(time.Second) + time.Second
+	if minAge > maxMinAge {
+		t.Fatalf("the orphan is already %s old: no --min-age of clean's (at most %s) is surely ahead of it", time.Since(died), maxMinAge)
 	}
-	for _, want := range []string{"Waiting: GPU 1 has 1032 MiB with no live owner, not yet --min-age=1s old", "Will signal", "Memory back: 1032 MiB freed"} {
+	flag := "--min-age=" + minAge.String()
+	code, stdout, stderr := runBin(t, "--backend=sim", "--sim.root="+root, "clean", "--gpu", "1", "--act", flag, "--grace=1s", "--store.path="+storePath)
+	age := time.Since(died)
+	if code != 0 {
+		t.Errorf("clean %s --act: exit %d, want 0\n%s%s", flag, code, stdout, stderr)
+	}
+	for _, want := range []string{"Waiting: GPU 1 has 1032 MiB with no live owner, not yet " + flag + " old", "Will signal", "Memory back: 1032 MiB freed"} {
 		if !strings.Contains(stdout, want) {
-			t.Errorf("clean --min-age=1s --act does not say %q:\n%s%s", want, stdout, stderr)
+			t.Errorf("clean %s --act does not say %q:\n%s%s", flag, want, stdout, stderr)
 		}
 	}
-	if took < time.Second {
-		t.Errorf("clean --min-age=1s acted after %s", took)
+	if age < minAge {
+		t.Errorf("clean %s acted on an orphan %s old", flag, age)
 	}
 	for _, c := range w.Children {
 		if testenv.Alive(c) {
@@ -165,6 +180,42 @@ func TestCleanWaitsForMinAge(t *testing.T) {
 	if got := usedMiB(t, root, 1); got != 0 {
 		t.Errorf("GPU 1 uses %d MiB after clean --act", got)
 	}
+}
+
+// waitDeadSince waits until the node agent whose store is at storePath has
+// recorded the death of owner pid (its saved lineage, which clean restores
+// and ages the orphan by), and returns since when it counts it dead.
+func waitDeadSince(t *testing.T, storePath string, pid int) time.Time {
+	t.Helper()
+	var since time.Time
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("the node agent to record owner %d dead", pid), func() bool {
+		st, err := store.OpenReadOnly(t.Context(), storePath)
+		if err != nil {
+			return false
+		}
+		defer st.Close()
+		data, ok, err := st.GetState(t.Context(), hooks.LineageState)
+		if err != nil || !ok {
+			return false
+		}
+		var saved struct {
+			Dead []struct {
+				PID   int       `json:"pid"`
+				Since time.Time `json:"since"`
+			} `json:"dead"`
+		}
+		if json.Unmarshal(data, &saved) != nil {
+			return false
+		}
+		for _, d := range saved.Dead {
+			if d.PID == pid && !d.Since.IsZero() {
+				since = d.Since
+				return true
+			}
+		}
+		return false
+	})
+	return since
 }
 
 // TestCleanMinAgeBeyondItsWait: clean waits for at most 2m; a longer

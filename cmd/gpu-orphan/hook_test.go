@@ -7,6 +7,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -18,7 +19,6 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
-	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/sim"
 	"github.com/gpu-orphan/gpu-orphan/internal/snapshot"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
@@ -308,10 +308,12 @@ func TestEpilogRespawnedWorker(t *testing.T) {
 // TestEpilogRecordedDescent: the job's trainer runs in the job's cgroup,
 // its workers (forked before it was put there) outside it, as workers that
 // a container runtime or `systemd-run` took out of the job are. A running
-// remediator records that they descend from the trainer, in its store. The
-// trainer dies; the epilog, reading that lineage, signals the workers,
-// while the remediator runs on. Without the lineage, nothing proves they
-// are the job's: they are left alone, and the epilog fails.
+// remediator records in its store that they inherited the trainer's
+// context (they share its open file of the device while it lives: it
+// started after the forks, so no fork event tells) and that the trainer is
+// the job's. The trainer dies; the epilog, reading that lineage, signals
+// the workers, while the remediator runs on. Without the lineage, nothing
+// proves they are the job's: they are left alone, and the epilog fails.
 func TestEpilogRecordedDescent(t *testing.T) {
 	t.Parallel()
 	requireRoot(t)
@@ -323,26 +325,12 @@ func TestEpilogRecordedDescent(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "remediator.db")
 	testenv.Daemon(t, testenv.Bin(t, "gpu-orphan-remediator"), "--backend=sim", "--sim.root="+root, "--store.path="+db,
 		"--web.listen-address="+testenv.FreeAddr(t), "--auth.insecure-none", "--collector.interval=100ms", "--log.level=debug")
-	fs, err := proc.NewFS("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bootID, err := fs.BootID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 30*time.Second, "the remediator to record the workers' descent in its store", func() bool {
-		st, err := store.OpenReadOnly(t.Context(), db)
-		if err != nil {
-			return false
-		}
-		defer st.Close()
-		data, ok, err := st.GetState(t.Context(), hooks.LineageState)
-		if err != nil || !ok {
-			return false
-		}
-		l := snapshot.NewLineage()
-		return l.RestoreState(data, bootID) == nil && l.RecordedDescendants() >= 2
+	// The proof must be in the store before the trainer dies: once it is
+	// dead, no snapshot can see the workers share its open file. A record
+	// of descent alone is no proof (a descendant may have opened the
+	// device itself), so that is not what is waited for.
+	testenv.Eventually(t, 30*time.Second, "the remediator to record in its store that the workers inherited job "+job+"'s trainer's context", func() bool {
+		return recordedInheritors(t, db, job, w.PID, w.Children...)
 	})
 	w.KillParent(t)
 
@@ -378,6 +366,58 @@ func TestEpilogRecordedDescent(t *testing.T) {
 	if len(as[i].DeadOwners) != 1 || as[i].DeadOwners[0].SlurmJob != job || int(as[i].DeadOwners[0].PID) != w.PID {
 		t.Errorf("dead owners %+v, want the trainer %d of job %s, named by the lineage", as[i].DeadOwners, w.PID, job)
 	}
+}
+
+// recordedInheritors reports whether the remediator's store at path holds
+// a lineage of this boot in which owner, remembered as a process of job,
+// has each of pids as a proven inheritor of its context: what the epilog
+// needs to read there to signal them once owner is dead.
+func recordedInheritors(t *testing.T, path, job string, owner int, pids ...int) bool {
+	t.Helper()
+	st, err := store.OpenReadOnly(t.Context(), path)
+	if err != nil {
+		return false
+	}
+	defer st.Close()
+	data, ok, err := st.GetState(t.Context(), hooks.LineageState)
+	if err != nil || !ok {
+		return false
+	}
+	var saved struct {
+		Owners []struct {
+			Identity snapshot.Identity `json:"identity"`
+		} `json:"owners"`
+		Inherited []struct {
+			OwnerPID   int         `json:"owner_pid"`
+			OwnerStart uint64      `json:"owner_start"`
+			Procs      [][2]uint64 `json:"procs"`
+		} `json:"inherited"`
+	}
+	if json.Unmarshal(data, &saved) != nil {
+		return false
+	}
+	// The trainer as the remediator remembers it, by PID and start time.
+	var start uint64
+	for _, o := range saved.Owners {
+		if o.Identity.PID == owner && o.Identity.SlurmJob == job {
+			start = o.Identity.StartTime
+		}
+	}
+	if start == 0 {
+		return false
+	}
+	for _, pid := range pids {
+		found := false
+		for _, d := range saved.Inherited {
+			for _, p := range d.Procs {
+				found = found || (d.OwnerPID == owner && d.OwnerStart == start && int(p[0]) == pid)
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 // TestPrologCleansDeadOwner: a fork orphan from before holds the job's GPU;
