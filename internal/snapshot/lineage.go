@@ -198,6 +198,21 @@ func (l *Lineage) recordDescent(uuid string, owner, p procKey, holds bool) {
 	}
 }
 
+// date sets the DeadSince of the dead owners of s from the clocks, without
+// changing them (Loop.date).
+func (l *Lineage) date(s *Snapshot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		for j := range g.Owners {
+			if o := &g.Owners[j]; !o.Alive {
+				o.DeadSince = l.deadSince[gpuPID{g.Device.UUID, int(o.PID)}]
+			}
+		}
+	}
+}
+
 // update records the live owners of s, names its dead ones and dates them,
 // then drops what the bounds say to drop. A GPU that cannot be accounted
 // keeps its dead owners' clocks: a failed read is not evidence that the

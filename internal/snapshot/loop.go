@@ -130,7 +130,10 @@ func (l *Loop) refresh(ctx context.Context, forceScan bool) *Snapshot {
 	defer l.mu.Unlock()
 	if l.latest != nil && s.Taken.Before(l.latest.Taken) {
 		// A concurrent refresh that started later finished first: keep
-		// the newer one, so time never runs backwards for readers.
+		// the newer one, so time never runs backwards for readers. The
+		// caller still gets its snapshot dated: undated, its orphan would
+		// look as young as a new one (a plan made on it skips too_young).
+		l.date(s)
 		return s
 	}
 	l.age(s)
@@ -171,6 +174,24 @@ func (l *Loop) age(s *Snapshot) {
 	}
 	l.ageSuspects(s)
 	l.lineage.update(s)
+}
+
+// date sets the clocks of s, a snapshot older than the latest, from the
+// runs that the loop has dated already, without changing them: s is not
+// evidence that a run began or ended. What no snapshot dated yet stays
+// undated (zero), as young as it can be.
+func (l *Loop) date(s *Snapshot) {
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		if g.Accountable() && g.UnownedBytes > l.orphanBytes {
+			g.UnownedSince = l.since[g.Device.UUID]
+		}
+		for j := range g.Suspects {
+			h := &g.Suspects[j]
+			h.Since = l.suspectSince[suspectKey{g.Device.UUID, h.PID, h.StartTime, h.Reason}]
+		}
+	}
+	l.lineage.date(s)
 }
 
 type suspectKey struct {

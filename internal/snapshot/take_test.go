@@ -642,3 +642,43 @@ func TestConcurrentTakesShareTheRead(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopDatesALateSnapshot: when a refresh that started later finished
+// first (a decision's forced scan beside the background tick), the earlier
+// one is not made the latest, but its caller still gets it dated: an
+// undated orphan looks new, and a plan made on it skips too_young however
+// old the orphan is (TestLoadIntakeBurst: one firing key's action skipped
+// too_young after its wait ran out).
+func TestLoopDatesALateSnapshot(t *testing.T) {
+	dead := deadPID(t)
+	d := newDriver(t, gpu0{usedMiB: 6762, procs: []nvml.ProcessInfo{listed(dead, 6754)}})
+	loop := NewLoop(NewTaker(Config{Driver: d, Proc: procFS(t)}), time.Hour, 256*mib)
+	first := loop.Refresh(context.Background(), true)
+	since, deadSince := first.GPUs[0].UnownedSince, first.GPUs[0].Owners[0].DeadSince
+	if since.IsZero() || deadSince.IsZero() {
+		t.Fatalf("first snapshot undated: unowned since %v, dead since %v", since, deadSince)
+	}
+	// A refresh that started after the next one and finished before it.
+	newer := *first
+	newer.Taken = time.Now().Add(time.Hour)
+	loop.mu.Lock()
+	loop.latest = &newer
+	loop.mu.Unlock()
+
+	late := loop.Refresh(context.Background(), true)
+	if loop.Latest() != &newer {
+		t.Errorf("an older snapshot replaced the latest")
+	}
+	g := late.GPUs[0]
+	if !g.UnownedSince.Equal(since) || len(g.Owners) != 1 || !g.Owners[0].DeadSince.Equal(deadSince) {
+		t.Errorf("late snapshot: unowned since %v, owners %+v; want unowned since %v, dead since %v", g.UnownedSince, g.Owners, since, deadSince)
+	}
+	// And the clocks did not move.
+	loop.mu.Lock()
+	loop.latest = first
+	loop.mu.Unlock()
+	again := loop.Refresh(context.Background(), true)
+	if !again.GPUs[0].UnownedSince.Equal(since) || !again.GPUs[0].Owners[0].DeadSince.Equal(deadSince) {
+		t.Errorf("the clocks moved: unowned since %v, dead since %v", again.GPUs[0].UnownedSince, again.GPUs[0].Owners[0].DeadSince)
+	}
+}
