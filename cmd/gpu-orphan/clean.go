@@ -41,8 +41,8 @@ const (
 const cleanExitHelp = "Exit status: 0 when the GPU is clean, or was cleaned and the memory verified back (without --act: when the plan would clean it); 1 when there is something it would not or could not do, which it explains, with what to do instead; 2 for a wrong flag or argument."
 
 // Waiting for --min-age: clean measures ages as the remediator does, with
-// a snapshot.Loop whose clocks start at its first snapshot (it has no
-// history from before it ran). It looks again every pollInterval, for up
+// a snapshot.Loop whose clocks start at its first snapshot, except a dead
+// owner's, which runs from the death that the node agent's store recorded. It looks again every pollInterval, for up
 // to the min-age plus waitMargin; a min-age above maxMinAge is the
 // remediator's job.
 const (
@@ -202,7 +202,7 @@ func runClean(logger *slog.Logger, backend *cli.Backend, r *remediateflag.Remedi
 func waitForMinAge(ctx context.Context, w io.Writer, loop *snapshot.Loop, node *cleanup.Node, gpuID string, minAge time.Duration, plan decide.Plan) (decide.Plan, bool) {
 	bound := minAge + waitMargin
 	fmt.Fprintf(w, "Waiting: GPU %d has %s with no live owner, not yet --min-age=%s old as this command measures it "+
-		"(it has no history from before it ran: its clocks start at its first snapshot). Looking again every %s, for up to %s.\n\n",
+		"(a dead owner's age from its death as the node agent recorded it, anything else from this command's first snapshot). Looking again every %s, for up to %s.\n\n",
 		plan.GPUIndex, mib(plan.Before.UnownedBytes), minAge, pollInterval, bound)
 	deadline := time.Now().Add(bound)
 	tick := time.NewTicker(pollInterval)
