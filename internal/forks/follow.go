@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/procevents"
 )
 
@@ -21,6 +23,9 @@ type Status struct {
 	Why string
 	// lost counts the overruns (ENOBUFS), each followed by a resync.
 	lost atomic.Uint64
+	// applied is the kernel's timestamp (CLOCK_MONOTONIC, ns) of the last
+	// event applied to the record.
+	applied atomic.Uint64
 }
 
 // Up reports whether the record follows the process events.
@@ -32,6 +37,21 @@ func (s *Status) Lost() uint64 {
 		return 0
 	}
 	return s.lost.Load()
+}
+
+// Applied returns when the kernel sent the last event that the record
+// applied, on the wall clock; zero before the first. Everything the kernel
+// sent before it is in the record.
+func (s *Status) Applied() time.Time {
+	if s == nil {
+		return time.Time{}
+	}
+	ts := s.applied.Load()
+	var now unix.Timespec
+	if ts == 0 || unix.ClockGettime(unix.CLOCK_MONOTONIC, &now) != nil {
+		return time.Time{}
+	}
+	return time.Now().Add(-time.Duration(uint64(now.Nano()) - ts))
 }
 
 // unavailable is the one line logged when the events cannot be had.
@@ -144,8 +164,11 @@ func (f *follower) run(ctx context.Context) {
 	for {
 		evs, err := f.l.Receive(f.buf[:0])
 		now := time.Now()
-		if len(evs) > 0 && f.rec.ApplyBatch(evs, now) {
-			f.armFlush()
+		if len(evs) > 0 {
+			if f.rec.ApplyBatch(evs, now) {
+				f.armFlush()
+			}
+			f.st.applied.Store(evs[len(evs)-1].Timestamp)
 		}
 		switch {
 		case errors.Is(err, procevents.ErrLost):
