@@ -2,7 +2,6 @@ package exporter_test
 
 import (
 	"os"
-	"os/exec"
 	"strconv"
 	"syscall"
 	"testing"
@@ -39,22 +38,10 @@ func TestOrphanReportedAtOnce(t *testing.T) {
 		return v == 1
 	})
 	w := testenv.StartWorkload(t, root, 1, 1024, 2)
-	// The record checks each worker's fork and exec against the trainer's
-	// files as it applies the events; a trainer that died first cannot be
-	// compared with, and its workers stay unproven (on the safe side). On
-	// a loaded machine the exporter may apply the events later than the
-	// trainer would die: the kill waits until it applied an event sent
-	// after the workers started (a marker process's), so that what is
-	// timed is the report of the death, not the exporter's lag.
-	ready := time.Now()
-	if err := exec.Command("true").Run(); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, "the exporter to apply the process events up to the workers' start", func() bool {
-		_, mfs := testenv.Scrape(t, url)
-		v, ok := testenv.Value(mfs, "gpu_orphan_process_events_applied_timestamp_seconds", nil)
-		return ok && v >= float64(ready.UnixNano())/1e9
-	})
+	// Killed once the exporter applied the workers' fork events
+	// (testenv.WaitEventsApplied): what is timed is the report of the
+	// death, not the exporter's lag on a loaded machine.
+	testenv.WaitEventsApplied(t)
 	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

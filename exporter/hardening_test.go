@@ -257,13 +257,17 @@ func TestHardeningScrapeUnderChurn(t *testing.T) {
 	}
 	// The load was real: the processes churned throughout, and the loop kept
 	// taking snapshots, each with an fd scan, while the clients scraped.
-	if exited == 0 || started == 0 || liveMin < hardenProcs*3/4 {
+	// On a loaded machine (another make test beside this one) the
+	// churner replaces what it kills more slowly: half is still churn.
+	if exited == 0 || started == 0 || liveMin < hardenProcs/2 {
 		t.Errorf("no churn: %d..%d processes, %d started, %d exited during the scrapes", liveMin, liveMax, started, exited)
 	}
 	wantSnaps := int(phaseDur / hardenInterval / 4)
 	if testenv.RaceEnabled {
 		wantSnaps /= 4 // a race-built exporter scans several times slower
 	}
+	// A loaded machine runs the loop slower by its measured slowness.
+	wantSnaps = int(float64(wantSnaps) / max(1, testenv.Slowness()))
 	if len(snapshots) < wantSnaps {
 		t.Errorf("the scrapes saw %d snapshots in %s, want at least %d: the loop stalled", len(snapshots), phaseDur, wantSnaps)
 	}

@@ -42,6 +42,7 @@ type sendResult struct {
 	body     []byte
 	attempts int
 	shed     int           // attempts answered 503
+	lost     int           // attempts that ended in a transport error: the agent may have applied them
 	latency  time.Duration // from the first attempt to the final answer
 	err      error
 }
@@ -56,6 +57,9 @@ func deliver(c *http.Client, baseURL, tok string, body []byte) sendResult {
 		r.code, r.body, r.err = postOnce(c, baseURL, tok, body)
 		if r.err == nil && r.code == http.StatusServiceUnavailable {
 			r.shed++
+		}
+		if r.err != nil {
+			r.lost++
 		}
 		retryable := r.err != nil || r.code/100 == 5
 		if !retryable || r.attempts == 12 {
@@ -238,6 +242,7 @@ func TestLoadIntakeBurst(t *testing.T) {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	var results []sendResult
+	var alertsIn []int // of each result's notification
 	burstStart := time.Now()
 	for _, p := range phase[1:] {
 		out := make([]sendResult, len(p))
@@ -256,6 +261,13 @@ func TestLoadIntakeBurst(t *testing.T) {
 		}
 		wg.Wait()
 		results = append(results, out...)
+		for _, body := range p {
+			var m struct{ Alerts []json.RawMessage }
+			if err := json.Unmarshal(body, &m); err != nil {
+				t.Fatal(err)
+			}
+			alertsIn = append(alertsIn, len(m.Alerts))
+		}
 	}
 	burst := time.Since(burstStart)
 
@@ -263,7 +275,7 @@ func TestLoadIntakeBurst(t *testing.T) {
 	// 503 or a transport error, as Alertmanager retries). A notification's
 	// latency runs from its first attempt to its 200.
 	latencies := make([]time.Duration, 0, len(results))
-	retried, shed, failed := 0, 0, 0
+	retried, shed, failed, lost := 0, 0, 0, 0
 	outcomes := map[alertKey][]store.AlertOutcome{}
 	tally := map[string]int{}
 	for i, r := range results {
@@ -277,6 +289,7 @@ func TestLoadIntakeBurst(t *testing.T) {
 			retried++
 		}
 		shed += r.shed
+		lost += r.lost
 		latencies = append(latencies, r.latency)
 		var reply intake.Reply
 		if err := json.Unmarshal(r.body, &reply); err != nil {
@@ -350,21 +363,32 @@ func TestLoadIntakeBurst(t *testing.T) {
 		}
 	}
 
-	// The counters add up to what was sent, result by result.
+	// The counters add up to what was sent, result by result. An attempt
+	// that ended in a transport error (the loaded agent answered too late,
+	// or the connection broke) may have been applied before the retry
+	// that got the reply, and counted its own results: the counts may
+	// differ from the replies' by lostAlerts at most (none when no attempt
+	// was lost).
+	lostAlerts := 0
+	for i, r := range results {
+		lostAlerts += r.lost * alertsIn[i]
+	}
 	_, mfs := testenv.Scrape(t, agentURL+"/metrics")
 	var counted float64
 	for _, r := range []string{"accepted", "duplicate", "ignored", "resolved", "rejected"} {
 		v, _ := testenv.Value(mfs, "gpu_orphan_remediator_notifications_total", map[string]string{"result": r})
 		counted += v
-		if int(v) != tally[r] {
-			t.Errorf("notifications_total{result=%q} = %v, replies say %d", r, v, tally[r])
+		// A lost attempt counted its own result, and the retry's reply
+		// may say another (duplicate, where the lost one accepted).
+		if int(v) < tally[r]-lostAlerts || int(v) > tally[r]+lostAlerts {
+			t.Errorf("notifications_total{result=%q} = %v, replies say %d (give or take %d alerts of attempts lost in transport)", r, v, tally[r], lostAlerts)
 		}
 	}
-	if int(counted) != alertsSent {
-		t.Errorf("notifications_total adds up to %v, %d alerts were sent", counted, alertsSent)
+	if int(counted) < alertsSent || int(counted) > alertsSent+lostAlerts {
+		t.Errorf("notifications_total adds up to %v, %d alerts were sent (and %d of attempts lost in transport)", counted, alertsSent, lostAlerts)
 	}
-	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_requests_total", map[string]string{"code": "200"}); int(v) != len(results) {
-		t.Errorf("requests_total{code=\"200\"} = %v, want %d", v, len(results))
+	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_requests_total", map[string]string{"code": "200"}); int(v) < len(results) || int(v) > len(results)+lost {
+		t.Errorf("requests_total{code=\"200\"} = %v, want %d (and at most %d attempts lost in transport)", v, len(results), lost)
 	}
 	if v, _ := testenv.Value(mfs, "gpu_orphan_remediator_requests_total", map[string]string{"code": "503"}); int(v) != shed {
 		t.Errorf("requests_total{code=\"503\"} = %v, clients retried %d times", v, shed)
@@ -376,8 +400,8 @@ func TestLoadIntakeBurst(t *testing.T) {
 	}
 	dups, err := st.Duplicates(t.Context())
 	st.Close()
-	if err != nil || int(dups) != tally[store.ResultDuplicate] {
-		t.Errorf("store counted %d duplicates (%v), replies say %d", dups, err, tally[store.ResultDuplicate])
+	if err != nil || int(dups) < tally[store.ResultDuplicate]-lostAlerts || int(dups) > tally[store.ResultDuplicate]+lostAlerts {
+		t.Errorf("store counted %d duplicates (%v), replies say %d (give or take %d alerts of attempts lost in transport)", dups, err, tally[store.ResultDuplicate], lostAlerts)
 	}
 
 	// Exactly one action per distinct firing key, each finished: a dry run

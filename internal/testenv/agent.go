@@ -26,6 +26,7 @@ func NodeAgent(t testing.TB, root, storePath string, extra ...string) string {
 	cmd := exec.Command(Bin(t, "gpu-orphan-remediator"), args...)
 	url := "http://" + PassListener(t, cmd)
 	DaemonCmd(t, cmd)
+	FollowsEvents(t, url)
 	Eventually(t, 15*time.Second, "the node agent to be ready", func() bool {
 		resp, err := http.Get(url + "/-/ready")
 		if err != nil {

@@ -251,8 +251,11 @@ func StartWorkloadCmd(t testing.TB, cmd *exec.Cmd) *Workload {
 
 // KillParent kills the creator with SIGKILL and reaps it, leaving the
 // children holding its context: docs/facts.md's fork-orphan case.
+// It first waits for the test's daemons to apply the process events up to
+// now (WaitEventsApplied).
 func (w *Workload) KillParent(t testing.TB) {
 	t.Helper()
+	WaitEventsApplied(t)
 	if err := w.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -386,6 +389,7 @@ func Daemon(t testing.TB, bin string, args ...string) *exec.Cmd {
 func DaemonCmd(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
 	t.Helper()
 	bin := freeport.Program(cmd)
+	followsEventsFromArgs(t, cmd.Args)
 	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
