@@ -122,7 +122,7 @@ var volatile = []struct {
 	{regexp.MustCompile(`uuid="[^"]+"`), `uuid="U"`},
 	{regexp.MustCompile(`user="[^"]*"`), `user="X"`},
 	{regexp.MustCompile(`^gpu_orphan_fork_record_processes \d+$`), `gpu_orphan_fork_record_processes N`},
-	{regexp.MustCompile(`(gpu_orphan_(source_duration_seconds|snapshot_timestamp_seconds|snapshot_age_seconds|unowned_memory_age_seconds)(\{[^}]*\})?) .*`), `$1 V`},
+	{regexp.MustCompile(`(gpu_orphan_(source_duration_seconds|snapshot_timestamp_seconds|snapshot_age_seconds|unowned_memory_age_seconds|process_events_applied_timestamp_seconds)(\{[^}]*\})?) .*`), `$1 V`},
 }
 
 // checkGolden lints the whole-binary scrape with promtool and diffs the
