@@ -41,7 +41,7 @@ func TestOrphanReportedAtOnce(t *testing.T) {
 	// Killed once the exporter applied the workers' fork events
 	// (testenv.WaitEventsApplied): what is timed is the report of the
 	// death, not the exporter's lag on a loaded machine.
-	testenv.WaitEventsApplied(t)
+	testenv.WaitEventsApplied(t, w.Ready)
 	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -114,7 +114,7 @@ func simBinT(t *testing.T) string { return testenv.Bin(t, "gpu-orphan-sim") }
 // killTrainer SIGKILLs the trainer and waits until it is gone.
 func killTrainer(t *testing.T, w *testenv.Workload) {
 	t.Helper()
-	testenv.WaitEventsApplied(t)
+	testenv.WaitEventsApplied(t, w.Ready)
 	if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -122,6 +122,9 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 	}
 
 	killAll := func() {
+		// Every job's forks applied by the agent first: the owners then
+		// die together, and ripen together.
+		testenv.WaitEventsApplied(t, ordinary.Ready)
 		for _, k := range kills {
 			k()
 		}

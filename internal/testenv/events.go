@@ -23,22 +23,33 @@ import (
 // what it tests is the death, not the daemons' lag.
 var (
 	followersMu sync.Mutex
-	followers   = map[testing.TB][]string{}
+	followers   = map[testing.TB]*following{}
 )
+
+// following are a test's daemons, and the time up to which they were
+// last seen to have applied the events.
+type following struct {
+	urls    []string
+	applied time.Time
+}
 
 // FollowsEvents registers a daemon of t, by its base URL, whose fork record
 // a kill waits for (WaitEventsApplied).
 func FollowsEvents(t testing.TB, baseURL string) {
 	followersMu.Lock()
 	defer followersMu.Unlock()
-	if _, ok := followers[t]; !ok {
+	f, ok := followers[t]
+	if !ok {
+		f = &following{}
+		followers[t] = f
 		t.Cleanup(func() {
 			followersMu.Lock()
 			defer followersMu.Unlock()
 			delete(followers, t)
 		})
 	}
-	followers[t] = append(followers[t], strings.TrimSuffix(baseURL, "/"))
+	f.urls = append(f.urls, strings.TrimSuffix(baseURL, "/"))
+	f.applied = time.Time{} // a new daemon has applied nothing yet
 }
 
 // followsEventsFromArgs registers a daemon started with
@@ -52,15 +63,21 @@ func followsEventsFromArgs(t testing.TB, args []string) {
 }
 
 // WaitEventsApplied waits until each daemon of t that follows the process
-// events has applied every event the kernel sent before now: a marker
-// process is started after now, and the daemon's
-// gpu_orphan_process_events_applied_timestamp_seconds must reach now. A
-// daemon that is not reachable, or does not follow the events, is not
-// waited for.
-func WaitEventsApplied(t testing.TB) {
+// events has applied every event the kernel sent before since (a
+// workload's ready line, for instance): a marker process is started now,
+// and each daemon's gpu_orphan_process_events_applied_timestamp_seconds
+// must reach now. It returns at once when the daemons were already seen
+// past since, so that trainers killed one after another die close
+// together. A daemon that is not reachable, or does not follow the
+// events, is not waited for.
+func WaitEventsApplied(t testing.TB, since time.Time) {
 	t.Helper()
 	followersMu.Lock()
-	urls := slices.Clone(followers[t])
+	f := followers[t]
+	var urls []string
+	if f != nil && f.applied.Before(since) {
+		urls = slices.Clone(f.urls)
+	}
 	followersMu.Unlock()
 	if len(urls) == 0 {
 		return
@@ -75,6 +92,11 @@ func WaitEventsApplied(t testing.TB) {
 			return !follows || !applied.Before(now)
 		})
 	}
+	followersMu.Lock()
+	if len(f.urls) == len(urls) && f.applied.Before(now) {
+		f.applied = now
+	}
+	followersMu.Unlock()
 }
 
 // eventsApplied scrapes url for when its fork record applied its last

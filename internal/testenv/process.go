@@ -146,7 +146,7 @@ func (s *Script) Line(t testing.TB, word string) *Workload {
 	if len(fields) < 2 || fields[0] != word {
 		t.Fatalf("unexpected line %q, want %q and PIDs", r.line, word)
 	}
-	w := &Workload{}
+	w := &Workload{Ready: time.Now()}
 	for i, f := range fields[1:] {
 		pid, err := strconv.Atoi(f)
 		if err != nil {

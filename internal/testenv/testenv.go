@@ -141,6 +141,8 @@ type Workload struct {
 	// cleanup kills through them (Held), never by a PID that may be
 	// another's by then.
 	held []*Held
+	// Ready is when the workload said it was ready: its forks were done.
+	Ready time.Time
 }
 
 // Hold holds the workload's processes, seen alive now, for Kill.
@@ -245,6 +247,7 @@ func StartWorkloadCmd(t testing.TB, cmd *exec.Cmd) *Workload {
 		}
 		w.Helper = pid
 	}
+	w.Ready = time.Now()
 	w.Hold()
 	return w
 }
@@ -252,10 +255,10 @@ func StartWorkloadCmd(t testing.TB, cmd *exec.Cmd) *Workload {
 // KillParent kills the creator with SIGKILL and reaps it, leaving the
 // children holding its context: docs/facts.md's fork-orphan case.
 // It first waits for the test's daemons to apply the process events up to
-// now (WaitEventsApplied).
+// the workload's ready line (WaitEventsApplied).
 func (w *Workload) KillParent(t testing.TB) {
 	t.Helper()
-	WaitEventsApplied(t)
+	WaitEventsApplied(t, w.Ready)
 	if err := w.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
