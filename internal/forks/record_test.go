@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/internal/procevents"
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // following returns a record fed by the kernel's process events.
@@ -73,7 +74,9 @@ func key(t *testing.T, pid int) Key {
 // eventually polls cond for up to 10 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+	// Stretched by the machine's measured slowness (another make test
+	// beside this one delays the follower too).
+	for deadline := time.Now().Add(slowness.Scale(10*time.Second, slowness.Factor())); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
