@@ -64,7 +64,31 @@ func followingLoop(t *testing.T, d testDriver) *Loop {
 	}
 	loop.FollowForks(rec)
 	loop.Refresh(context.Background(), false)
+	followStatus.Store(loop, st)
 	return loop
+}
+
+// followStatus is each followingLoop's events status.
+var followStatus sync.Map // *Loop -> *forks.Status
+
+// waitApplied waits until loop's fork record applied every process event
+// sent before now (a marker process's after it): a parent killed before
+// the record applied its children's forks cannot be compared with, and on
+// a loaded machine the record applies events late.
+func waitApplied(t *testing.T, loop *Loop) {
+	t.Helper()
+	v, ok := followStatus.Load(loop)
+	if !ok {
+		t.Fatal("waitApplied: not a followingLoop")
+	}
+	st := v.(*forks.Status)
+	now := time.Now()
+	if err := exec.Command("true").Run(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the fork record to apply the events up to now", func() bool {
+		return !st.Applied().Before(now)
+	})
 }
 
 func suspectOf(g GPU, pid int) (Holder, bool) {
@@ -133,6 +157,7 @@ func TestProofDescentAtFork(t *testing.T) {
 	loop := followingLoop(t, d)
 	trainer, worker := scriptedTrainer(t, dev)
 
+	waitApplied(t, loop)
 	syscall.Kill(trainer, syscall.SIGKILL)
 	testenv.Eventually(t, 5*time.Second, "the trainer to be reaped", func() bool { return !testenv.Alive(trainer) })
 	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(trainer, 4706)}})
@@ -213,6 +238,7 @@ func TestLiveHelperSharesFile(t *testing.T) {
 	held.Hold()
 	waitMapped(t, worker, dev)
 	waitMapped(t, helper, dev)
+	waitApplied(t, loop)
 	script.Process.Signal(syscall.SIGKILL)
 	script.Wait()
 
@@ -245,6 +271,7 @@ func TestReusedPIDHoldingTheGPU(t *testing.T) {
 	nv.set(gpu0{usedMiB: 4714, procs: []nvml.ProcessInfo{listed(owner, 4706)}})
 	loop.Refresh(context.Background(), false)
 
+	waitApplied(t, loop)
 	syscall.Kill(owner, syscall.SIGKILL)
 	testenv.WaitGone(t, owner)
 	newcomer := testenv.StartWithPID(t, owner, func() *exec.Cmd {
