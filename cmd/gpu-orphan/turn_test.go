@@ -336,8 +336,9 @@ func TestEpilogEscapesComm(t *testing.T) {
 }
 
 // TestEpilogWaitsForAgent (issue 24, item 8, the other order): the node
-// agent (--act, a 5 s grace) is signalling job 7's SIGTERM-ignoring
-// workers for an alert when the job's epilog runs. The epilog waits for
+// agent (--act, an 8 s grace, stretched on a slow machine) is signalling
+// job 7's SIGTERM-ignoring workers for an alert when the job's epilog
+// runs. The epilog waits for
 // the agent's turn on the GPU, says so in its one line (the agent's action
 // and PID), plans again, finds nothing of the job left, and exits 0; its
 // action is skipped and frees nothing. The agent's SIGKILL, after its own
@@ -352,7 +353,10 @@ func TestEpilogWaitsForAgent(t *testing.T) {
 	w := testenv.StartWorkload(t, root, 0, 520, 2, "--ignore-sigterm")
 	intoJob(t, job, append([]int{w.PID}, w.Children...)...)
 	db := filepath.Join(t.TempDir(), "remediator.db")
-	agent := testenv.NodeAgent(t, root, db, "--act", "--remediate.min-age=0s", "--remediate.grace=5s", "--remediate.verify-timeout=10s")
+	// The epilog must start within the agent's grace: on a loaded machine
+	// starting it took more than 5 s.
+	grace := testenv.Scale(8 * time.Second)
+	agent := testenv.NodeAgent(t, root, db, "--act", "--remediate.min-age=0s", "--remediate.grace="+grace.String(), "--remediate.verify-timeout=10s")
 	w.KillParent(t)
 	waitInherited(t, db, w.Children...)
 	alertAgent(t, agent, uuid)

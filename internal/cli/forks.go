@@ -31,7 +31,7 @@ func FollowForks(ctx context.Context, logger *slog.Logger, loop *snapshot.Loop, 
 	if !st.Up() {
 		return forks.Collector{Status: st}
 	}
-	loop.FollowForks(rec)
+	loop.FollowForks(rec, st)
 	logger.Info("Following the kernel's process events: descent is recorded at fork, exits are seen at once", "processes", rec.Counts().Live)
 	return forks.Collector{Record: rec, Status: st}
 }

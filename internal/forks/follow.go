@@ -54,6 +54,34 @@ func (s *Status) Applied() time.Time {
 	return time.Now().Add(-time.Duration(uint64(now.Nano()) - ts))
 }
 
+// CatchUp waits, at most limit, until the record has applied every event
+// sent before the call: it forks a marker child (whose exec fails, as the
+// probe's) and waits for an event sent after it. A decision made on a
+// snapshot then sees the forks that made its holders, even while the
+// record lags behind a busy node. It reports whether the record caught up;
+// a record that is not Up never does.
+func (s *Status) CatchUp(ctx context.Context, limit time.Duration) bool {
+	if !s.Up() {
+		return false
+	}
+	start := time.Now()
+	_, _ = syscall.ForkExec("/nonexistent/gpu-orphan-process-events-marker", nil, &syscall.ProcAttr{})
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !s.Applied().After(start) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
 // unavailable is the one line logged when the events cannot be had.
 const unavailable = "The kernel's process events are unavailable: holders of a dead owner's GPU cannot be proven its inheritors, and are reported but never signalled (run as root with CAP_NET_ADMIN in the host's network namespace)"
 

@@ -327,3 +327,36 @@ func TestRecordForkerRule(t *testing.T) {
 	wantLine("forked after a child died leaving a child of its own", e, ErrForkerUnsure)
 	wantLine("the child left behind", z, nil)
 }
+
+// TestCatchUpAppliesBurst: a decision that catches up first sees the fork
+// of a child just made, even behind a burst of forks that the follower
+// applies in batches (a worker's replacement forked on SIGTERM was seen
+// unproven by a re-plan on a loaded machine).
+func TestCatchUpAppliesBurst(t *testing.T) {
+	fs, err := proc.NewFS("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := New(fs)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st := Follow(ctx, rec, slog.New(slog.DiscardHandler))
+	if !st.Up() {
+		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
+	}
+	cmd, late := shell(t, `for i in $(seq 400); do ( : ) & done; ( sleep 100007; : ) & echo $!; wait`)
+	parent, worker := key(t, cmd.Process.Pid), key(t, late)
+	if !st.CatchUp(ctx, slowness.Scale(10*time.Second, slowness.Factor())) {
+		t.Fatal("CatchUp: the record did not catch up")
+	}
+	if !st.Applied().After(time.Now().Add(-time.Minute)) {
+		t.Errorf("applied %v, want a recent event", st.Applied())
+	}
+	if _, err := rec.Inherits(worker, parent.PID, parent.Start); errors.Is(err, ErrNotRecorded) {
+		t.Fatalf("the worker forked after 400 others, right after CatchUp: %v, want its fork recorded", err)
+	}
+	var off Status
+	if off.CatchUp(ctx, time.Second) {
+		t.Error("a record that does not follow the events caught up")
+	}
+}

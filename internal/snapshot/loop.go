@@ -38,8 +38,14 @@ type Loop struct {
 	// that leaves live children, takes the next snapshot now (kick) rather
 	// than at the next tick.
 	forks *forks.Record
-	kick  chan struct{}
+	// events says how far the fork record has applied the kernel's events.
+	events *forks.Status
+	kick   chan struct{}
 }
+
+// catchUpLimit bounds how long a forced snapshot waits for the fork record
+// to apply the events sent before it.
+const catchUpLimit = 2 * time.Second
 
 // kickGap bounds the snapshots that exits take: a few per second at most.
 const kickGap = 200 * time.Millisecond
@@ -52,8 +58,9 @@ func NewLoop(t *Taker, interval time.Duration, orphanBytes uint64) *Loop {
 // FollowForks makes the loop prove descent through rec, and take a
 // snapshot as soon as an owner or holder of the latest one exits. Call it
 // before Run.
-func (l *Loop) FollowForks(rec *forks.Record) {
+func (l *Loop) FollowForks(rec *forks.Record, st *forks.Status) {
 	l.forks = rec
+	l.events = st
 	l.lineage.UseForks(rec)
 }
 
@@ -89,7 +96,14 @@ func (l *Loop) Run(ctx context.Context) {
 }
 
 // Refresh takes one snapshot now, records it as the latest and returns it.
+// A forced one (a decision's) first lets the fork record apply the events
+// sent until then: a holder forked just before, on a busy node, is then
+// proven rather than left unproven (a worker's replacement forked on
+// SIGTERM, seen by a re-plan).
 func (l *Loop) Refresh(ctx context.Context, forceScan bool) *Snapshot {
+	if forceScan && l.events != nil && !l.events.CatchUp(ctx, catchUpLimit) && l.events.Up() && ctx.Err() == nil {
+		l.taker.cfg.Logger.Warn("The fork record did not apply the kernel's process events in time: this decision may find recent holders unproven", "waited", catchUpLimit)
+	}
 	s := l.refresh(ctx, forceScan)
 	l.watch(s)
 	l.save()

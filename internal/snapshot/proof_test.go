@@ -62,33 +62,21 @@ func followingLoop(t *testing.T, d testDriver) *Loop {
 	if !st.Up() {
 		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
 	}
-	loop.FollowForks(rec)
+	loop.FollowForks(rec, st)
 	loop.Refresh(context.Background(), false)
-	followStatus.Store(loop, st)
 	return loop
 }
 
-// followStatus is each followingLoop's events status.
-var followStatus sync.Map // *Loop -> *forks.Status
-
 // waitApplied waits until loop's fork record applied every process event
-// sent before now (a marker process's after it): a parent killed before
-// the record applied its children's forks cannot be compared with, and on
-// a loaded machine the record applies events late.
+// sent before now: a parent killed before the record applied its
+// children's forks cannot be compared with, and on a loaded machine the
+// record applies events late.
 func waitApplied(t *testing.T, loop *Loop) {
 	t.Helper()
-	v, ok := followStatus.Load(loop)
-	if !ok {
-		t.Fatal("waitApplied: not a followingLoop")
+	limit := time.Duration(float64(10*time.Second) * testenv.Slowness())
+	if !loop.events.CatchUp(context.Background(), limit) {
+		t.Fatalf("the fork record did not apply the process events within %v", limit)
 	}
-	st := v.(*forks.Status)
-	now := time.Now()
-	if err := exec.Command("true").Run(); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 10*time.Second, "the fork record to apply the events up to now", func() bool {
-		return !st.Applied().Before(now)
-	})
 }
 
 func suspectOf(g GPU, pid int) (Holder, bool) {
