@@ -83,9 +83,12 @@ kube-tools:
 	@mkdir -p '$(TOOLS)'
 	@GO='$(GO)' $(PROGRESS) -p 'tools: kube-apiserver and etcd (scripts/kube-tools.sh)' ./scripts/kube-tools.sh '$(TOOLS)' > '$(TOOLS)/kubernetes.tmp' && mv '$(TOOLS)/kubernetes.tmp' '$(TOOLS)/kubernetes'
 
+# -z lazy: Helm's packages link Go's plugin package (through kustomize), and
+# the linker then binds every symbol at start-up, go-nvml's too, which it
+# resolves only once libnvidia-ml is loaded (the test would not start).
 e2e-kubernetes: kube-tools
 	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test ./internal/testenv/kubereal/ (a real control plane)' $(GO) test -count=1 -v -run TestControlPlane ./internal/testenv/kubereal/
-	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver)' $(GO) test -tags kubernetes -count=1 -v -timeout 15m ./kubernetes/
+	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver)' $(GO) test -tags kubernetes -ldflags=-extldflags=-Wl,-z,lazy -count=1 -v -timeout 15m ./kubernetes/
 
 kubernetes-skipped:
 	@echo 'make test: the tests against a real kube-apiserver (test/kubernetes) are not part of it: `make e2e-kubernetes` builds the control plane once and runs them (.ci/run does)'

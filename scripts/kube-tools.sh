@@ -31,7 +31,32 @@ client=$("$GO" list -m -f '{{.Version}}' k8s.io/client-go)
 staging=${client%%-*}           # v0.37.2
 version=v1.${staging#v0.}       # v1.37.2
 bin=$tools/kubernetes-$version
-if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ]; then
+
+# The prometheus-operator CRDs that the chart's objects use (PodMonitor,
+# ServiceMonitor, PrometheusRule, AlertmanagerConfig), from the
+# prometheus-operator module's example/prometheus-operator-crd, into
+# BIN/prometheus-operator-crds: test/kubernetes installs the chart with them.
+prometheus_operator=v0.85.0
+crds=$bin/prometheus-operator-crds
+if [ "$(cat "$crds/VERSION" 2>/dev/null)" != "$prometheus_operator" ]; then
+  echo "tools: the prometheus-operator $prometheus_operator CRDs from its module into $crds" >&2
+  dir=$(cd / && GOFLAGS=-mod=mod "$GO" mod download -json "github.com/prometheus-operator/prometheus-operator@$prometheus_operator" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  rm -rf "$crds.tmp"
+  mkdir -p "$crds.tmp"
+  for r in podmonitors servicemonitors prometheusrules alertmanagerconfigs; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$r.yaml" "$crds.tmp/"
+  done
+  chmod -R u+w "$crds.tmp"
+  echo "$prometheus_operator" > "$crds.tmp/VERSION"
+  rm -rf "$crds"
+  mv "$crds.tmp" "$crds"
+fi
+
+# kube-apiserver reports the release it was built from (/version): a
+# build without Kubernetes' version flags says v0.0.0-master, and Helm then
+# refuses a chart's kubeVersion. An older build of this script's is linked
+# again (the packages are in Go's build cache: about a minute).
+if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ] && "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes $version"; then
   echo "$bin"
   exit 0
 fi
@@ -61,7 +86,14 @@ cp "$repo/scripts/kube-etcd/main.go" "$copy/cmd/gpu-orphan-etcd/main.go"
 (
   cd "$copy"
   export GOWORK=off GOFLAGS=-mod=mod
-  "$GO" build -o "$bin/kube-apiserver" ./cmd/kube-apiserver
+  # As Kubernetes' hack/lib/version.sh sets them for a release.
+  minor=${version#v1.}
+  minor=${minor%%.*}
+  ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  "$GO" build -ldflags "$ldflags" -o "$bin/kube-apiserver" ./cmd/kube-apiserver
   "$GO" build -o "$bin/etcd" ./cmd/gpu-orphan-etcd/main.go
 )
 echo "$bin"

@@ -13,8 +13,8 @@ import (
 
 // TestChartObjectsAccepted: every object the chart renders with its
 // defaults, except the prometheus-operator ones (PodMonitor,
-// PrometheusRule, AlertmanagerConfig: their CRDs are not installed here),
-// is accepted by the real API server's validation with strict field
+// PrometheusRule, AlertmanagerConfig: TestChartHelmInstallUninstall
+// installs them with their CRDs), is accepted by the real API server's validation with strict field
 // validation (an unknown or misspelt field is refused, not dropped), with
 // the taint escalation on too; deleting them leaves none behind.
 func TestChartObjectsAccepted(t *testing.T) {
