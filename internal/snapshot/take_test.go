@@ -187,8 +187,9 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	end, lines := "exec 4<&-; wait", n
 	if zombie {
 		// Its workers run exec: the creator lives until their execs were
-		// checked against its open files (the fork record), then exits.
-		end, lines = "read -r _ <&4; exec 4<&-; sleep 1; exit 0", n+1
+		// checked against its open files (the fork record caught up: the
+		// test then writes a line on fd 5), then exits.
+		end, lines = "read -r _ <&4; exec 4<&-; read -r _ <&5; exit 0", n+1
 	}
 	// No $(seq): a subshell of the session would be taken for a worker.
 	// Each worker runs its program (and a zombie creator goes on) only when
@@ -197,19 +198,25 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	// program (it may have cloned with CLONE_PARENT), which the fork record
 	// rightly doubts where it cannot check; the order must not depend on
 	// the scheduler.
-	script := `exec 3<"$1"; for i in ` + strings.Repeat("x ", n) + `; do { read -r _ <&4; exec "$0" 4<&-; } & done; ` + end
+	script := `exec 3<"$1"; for i in ` + strings.Repeat("x ", n) + `; do { read -r _ <&4; exec "$0" 4<&- 5<&-; } & done; ` + end
 	gate, release, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	exitGate, exitRelease, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exitRelease.Close()
 	creator := exec.Command("sh", "-c", script, os.Args[0], dev)
 	creator.Env = testenv.MapperEnviron()
 	creator.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	creator.ExtraFiles = []*os.File{nil, gate} // fd 4
+	creator.ExtraFiles = []*os.File{nil, gate, exitGate} // fds 4 and 5
 	if err := creator.Start(); err != nil {
 		t.Fatal(err)
 	}
 	gate.Close()
+	exitGate.Close()
 	defer release.Close()
 	pid := creator.Process.Pid
 	var workers []int
@@ -242,6 +249,15 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 		waitMapped(t, w, dev)
 	}
 	if zombie {
+		if st, ok := followed.Load(t); ok {
+			limit := time.Duration(float64(10*time.Second) * testenv.Slowness())
+			if !st.(*forks.Status).CatchUp(context.Background(), limit) {
+				t.Fatalf("the fork record did not apply the workers' execs within %v", limit)
+			}
+		}
+		if _, err := exitRelease.WriteString("go\n"); err != nil {
+			t.Fatal(err)
+		}
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			if p, err := fs.Process(pid); err == nil && p.Zombie() {
 				break
@@ -306,6 +322,10 @@ func takeWith(t *testing.T, d gpu.Driver, mem *Lineage) *Snapshot {
 	return taker.TakeWith(context.Background(), false, mem)
 }
 
+// followed is each test's followedLineage's events status, which
+// forkOrphan lets catch up before its zombie creator exits.
+var followed sync.Map // *testing.T -> *forks.Status
+
 // followedLineage is a Lineage whose fork record the kernel's process
 // events feed, checking execs against d's GPU 0, as the daemons run it.
 func followedLineage(t *testing.T, d testDriver) *Lineage {
@@ -313,9 +333,12 @@ func followedLineage(t *testing.T, d testDriver) *Lineage {
 	rec := forks.New(procFS(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler)); !st.Up() {
+	st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler))
+	if !st.Up() {
 		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
 	}
+	followed.Store(t, st)
+	t.Cleanup(func() { followed.Delete(t) })
 	dev, err := d.DeviceNode(0)
 	if err != nil {
 		t.Fatal(err)
