@@ -568,6 +568,30 @@ func (r *Record) lineTo(h Key, owner int, ownerStart uint64) (node, error) {
 	return node{}, ErrNotFromThe
 }
 
+// ForkedFrom reports whether h was seen forked, fork by fork, from one of
+// ancestors (each by PID and start time): a process that a target forked
+// is the target's, whatever it ran since. A line read from /proc (not seen
+// at fork) proves nothing.
+func (r *Record) ForkedFrom(h Key, ancestors []Key) bool {
+	n := r.lookup(h)
+	defer r.mu.Unlock()
+	for range maxDepth {
+		if n == nil || !n.atFork || n.parent == nil {
+			return false
+		}
+		p := n.parent
+		if p.known {
+			for _, a := range ancestors {
+				if p.key() == a {
+					return true
+				}
+			}
+		}
+		n = p
+	}
+	return false
+}
+
 // ExecedChild returns the parent of h when h was seen forking from it and
 // then ran exec that could not be checked to keep the parent's files (the
 // parent was gone, or held none of the GPUs then).

@@ -69,7 +69,8 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, reg promethe
 		cli.KeepLineage(logger, loop, fs, "the store",
 			func() ([]byte, bool, error) { return st.GetState(ctx, lineageState) },
 			func(b []byte) error { return st.PutState(ctx, lineageState, b) })
-		reg.MustRegister(cli.FollowForks(ctx, logger, loop, fs, o.ProcessEvents))
+		followed := cli.FollowForks(ctx, logger, loop, fs, o.ProcessEvents)
+		reg.MustRegister(followed)
 		loop.Refresh(ctx, false)
 		go loop.Run(ctx)
 		go func() {
@@ -91,7 +92,7 @@ func nodeRole(ctx context.Context, o Options, m *remediate.Metrics, reg promethe
 			Snapshots: loop, Proc: fs,
 			Decide: o.Decide,
 			Ladder: &kill.Ladder{Grace: o.Grace, Proc: fs, Logger: logger,
-				Groups: fs, Exclude: o.Decide.Rules().Why},
+				Groups: fs, Exclude: o.Decide.Rules().Why, ForkedFrom: kill.ForkedFromRecord(followed.Record)},
 			Limiter: limiter, Act: o.Act, VerifyTimeout: o.VerifyTimeout,
 			Recorder: st, Metrics: m, Logger: logger,
 		})

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
@@ -87,6 +88,11 @@ type Ladder struct {
 	// Nil means exclude.Rules{}.Why: the fixed rules and the default
 	// protected list, with this process as self.
 	Exclude func(proc.Process) remediate.ExclusionReason
+	// ForkedFrom, when set, reports whether the kernel's fork events
+	// showed m forked, fork by fork, from one of targets (the fork
+	// record): the only proof that a late group member whose parent is
+	// gone was a target's. Without it such a member is left alone.
+	ForkedFrom func(m proc.Process, targets []remediate.Target) bool
 }
 
 // run is one target on its way down the ladder.
@@ -125,13 +131,14 @@ func (l *Ladder) Kill(ctx context.Context, targets []remediate.Target) []remedia
 		runs[i] = &run{t: &out[i], fd: -1}
 	}
 
+	parents := l.parentsBefore(out)
 	each(runs, func(r *run) { l.terminate(ctx, pfs, r) })
 	setDeadline(runs, time.Now().Add(l.grace()))
 
 	// Re-listing scans all of /proc and may take a while on a busy node:
 	// late members get a grace period of their own rather than what is
 	// left of the first.
-	late := l.lateMembers(out)
+	late := l.lateMembers(out, parents)
 	lateRuns := make([]*run, len(late))
 	for i := range late {
 		lateRuns[i] = &run{t: &late[i], fd: -1, pgid: late[i].PGID}
@@ -351,7 +358,7 @@ func (l *Ladder) signal(r *run, sig unix.Signal) error {
 // that was sent SIGTERM, and returns the live members the plan did not
 // know. A group none of whose planned members was verified and signalled
 // is left alone: its PGID may by now name another group.
-func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
+func (l *Ladder) lateMembers(targets []remediate.Target, parents map[member]int) []remediate.Target {
 	if l.Groups == nil {
 		return nil
 	}
@@ -389,7 +396,7 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 				continue
 			}
 			known[m.PID] = true
-			if !forkedByTarget(m, targets) {
+			if !l.forkedByTarget(m, targets, parents) {
 				l.logger().Warn("Late group member left alone: no target forked it", "pgid", pgid, "pid", m.PID, "comm", m.Comm, "ppid", m.PPID)
 				continue
 			}
@@ -407,35 +414,72 @@ func (l *Ladder) lateMembers(targets []remediate.Target) []remediate.Target {
 	return late
 }
 
-// forkedByTarget reports whether m was forked by a target of its group:
-// its parent is one (it started after it), or its parent is gone and it
-// started after the group's first target. The group is killed whole only
-// when every member the plan saw was a target, so a newcomer comes from
-// one of them.
-func forkedByTarget(m proc.Process, targets []remediate.Target) bool {
-	first := uint64(0)
+// member is a process by PID and start time.
+type member struct {
+	pid   int
+	start uint64
+}
+
+// parentsBefore lists the groups of the WholeGroup targets before any
+// signal, and returns each member's parent then. While the targets live,
+// a member whose parent is one was forked by it (or adopted by it, a
+// subreaper, from its own line); once SIGTERM has ended them, their
+// children name init or a subreaper.
+func (l *Ladder) parentsBefore(targets []remediate.Target) map[member]int {
+	if l.Groups == nil {
+		return nil
+	}
+	parents := map[member]int{}
+	var listed []int
 	for _, t := range targets {
-		if t.PGID != m.PGID {
+		if !t.WholeGroup || t.PGID <= 1 || slices.Contains(listed, t.PGID) {
 			continue
 		}
-		if t.PID == m.PPID {
+		listed = append(listed, t.PGID)
+		members, err := l.Groups.GroupMembers(t.PGID)
+		if err != nil {
+			continue // re-listed after SIGTERM, without its parents before
+		}
+		for _, m := range members {
+			parents[member{m.PID, m.StartTime}] = m.PPID
+		}
+	}
+	return parents
+}
+
+// forkedByTarget reports whether m was forked by a target of its group:
+// its parent is one, or was before the signals (it started after it), or,
+// its parent gone (it was
+// reparented to init or a subreaper), the fork record shows it forked from
+// one. Its group and its start time alone prove nothing: a process of the
+// session that joined the group, or a child of the dead leader's, started
+// after the targets too.
+func (l *Ladder) forkedByTarget(m proc.Process, targets []remediate.Target, parents map[member]int) bool {
+	before, listed := parents[member{m.PID, m.StartTime}]
+	for _, t := range targets {
+		if t.PGID == m.PGID && (t.PID == m.PPID || (listed && t.PID == before)) {
 			return m.StartTime >= t.StartTime
 		}
-		if first == 0 || t.StartTime < first {
-			first = t.StartTime
-		}
 	}
-	if first == 0 || m.StartTime < first {
+	if processAlive(m.PPID) || l.ForkedFrom == nil {
 		return false
 	}
-	for _, t := range targets {
-		if t.PID == m.PPID {
-			return false
-		}
+	return l.ForkedFrom(m, targets)
+}
+
+// ForkedFromRecord is Ladder.ForkedFrom through a fork record fed by the
+// kernel's process events; nil when rec is (no events: nothing proves it).
+func ForkedFromRecord(rec *forks.Record) func(proc.Process, []remediate.Target) bool {
+	if rec == nil {
+		return nil
 	}
-	// Its parent is not a target: only when that parent is gone (m was
-	// reparented to init or a subreaper) can it have been a target.
-	return !processAlive(m.PPID)
+	return func(m proc.Process, targets []remediate.Target) bool {
+		keys := make([]forks.Key, 0, len(targets))
+		for _, t := range targets {
+			keys = append(keys, forks.Key{PID: t.PID, Start: t.StartTime})
+		}
+		return rec.ForkedFrom(forks.Key{PID: m.PID, Start: m.StartTime}, keys)
+	}
 }
 
 // processAlive reports whether pid names a process (any, even a zombie).

@@ -3,10 +3,12 @@ package kill
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-orphan/gpu-orphan/internal/forks"
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/exclude"
@@ -470,5 +473,76 @@ func killIfAlive(pid int) {
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		unix.Close(fd)
+	}
+}
+
+// TestLadderLateMembersReparented: in a group killed whole whose leader
+// (the dead trainer's job script) is gone, two late members were
+// reparented to init: Z, forked by the target W (through a subshell), and
+// Y, forked by the leader after W. Both started after the target; only
+// the kernel's fork events tell them apart. Z is brought in, Y is left
+// alone. (Before: a member whose parent was gone and that started after
+// the first target was taken for a target's, and Y was killed.)
+func TestLadderLateMembersReparented(t *testing.T) {
+	fs := procFS(t)
+	rec := forks.New(fs)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st := forks.Follow(ctx, rec, slog.New(slog.DiscardHandler))
+	if !st.Up() {
+		t.Skipf("the kernel's process events are unavailable here: %s", st.Why)
+	}
+	// The leader L starts W, which starts Z through a subshell and
+	// becomes a sleep; then L starts Y through a subshell, and stops
+	// until the test has read them and kills it.
+	leader := start(t, "", "sh", "-c", `sh -c '(sleep 100 & echo Z $!); echo W $$; exec sleep 100' & `+
+		`(sleep 100 & echo Y $!); kill -STOP $$`)
+	pids := map[string]int{}
+	for range 3 {
+		f := strings.Fields(leader.readLine(t))
+		pid, err := strconv.Atoi(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[f[0]] = pid
+		t.Cleanup(func() { killIfAlive(pid) })
+	}
+	if err := leader.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if !leader.exited(10 * time.Second) {
+		t.Fatal("the leader did not exit")
+	}
+	for _, k := range []string{"W", "Z", "Y"} {
+		waitState(t, pids[k], "S")
+	}
+	if !st.CatchUp(ctx, 10*time.Second) {
+		t.Fatal("the fork record did not catch up")
+	}
+	w := targetOf(t, fs, pids["W"])
+	w.WholeGroup = true
+	for _, k := range []string{"Z", "Y"} {
+		if p, err := fs.Process(pids[k]); err != nil || p.PGID != w.PGID || p.StartTime < w.StartTime || processAlive(p.PPID) {
+			t.Fatalf("%s: %+v (%v): want in W's group, started after it, its parent gone", k, p, err)
+		}
+	}
+
+	l := &Ladder{Grace: grace, ExitTimeout: 2 * time.Second, Proc: fs, Groups: fs, ForkedFrom: ForkedFromRecord(rec)}
+	got := l.Kill(context.Background(), []remediate.Target{w})
+	outcomes := map[int]string{}
+	for _, r := range got {
+		outcomes[r.PID] = r.Outcome
+	}
+	want := map[int]string{pids["W"]: OutcomeExitedAfterSIGTERM, pids["Z"]: OutcomeExitedAfterSIGTERM}
+	if !maps.Equal(outcomes, want) {
+		t.Errorf("outcomes %v, want %v (W %d, Z %d; Y %d left alone)", outcomes, want, pids["W"], pids["Z"], pids["Y"])
+	}
+	if s := state(pids["Y"]); s != "S" {
+		t.Errorf("Y, the dead leader's, not a target's, is in state %q, want S (untouched)", s)
+	}
+
+	// Without the fork record nothing proves Z a target's either.
+	if ForkedFromRecord(nil) != nil {
+		t.Error("ForkedFromRecord(nil) is not nil")
 	}
 }
