@@ -132,6 +132,8 @@ type Listener struct {
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrNetlink
 	buf   []byte
+	// datagrams counts those received from the kernel.
+	datagrams uint64
 }
 
 // Listen subscribes to the process events. It fails, wrapping
@@ -183,16 +185,30 @@ func Listen() (*Listener, error) {
 		l.closeFDs()
 		return nil, fmt.Errorf("%w: subscribing: %w", ErrUnavailable, err)
 	}
+	// Since Linux 6.6 a listener may name the events it wants, and the
+	// kernel drops the others before they reach the socket: each exec
+	// also sends a comm event, a quarter of a fork storm's datagrams, and
+	// receiving is most of what following the events costs. An older
+	// kernel ignores this second message (its length is not the op's),
+	// and the listener keeps every event.
+	_ = l.mcast(procCnMcastListen, uint32(Fork|Exec|Sid|Exit))
 	return l, nil
 }
 
-// mcast sends PROC_CN_MCAST_LISTEN or _IGNORE to the kernel.
-func (l *Listener) mcast(op uint32) error {
-	b := make([]byte, cnMsgLen+4)
+// mcast sends PROC_CN_MCAST_LISTEN or _IGNORE to the kernel; with events,
+// a struct proc_input that keeps only those (Linux 6.6 and later).
+func (l *Listener) mcast(op uint32, events ...uint32) error {
+	data := []uint32{op}
+	if len(events) > 0 {
+		data = append(data, events[0])
+	}
+	b := make([]byte, cnMsgLen+4*len(data))
 	binary.NativeEndian.PutUint32(b[0:], cnIdxProc)
 	binary.NativeEndian.PutUint32(b[4:], cnValProc)
-	binary.NativeEndian.PutUint16(b[16:], 4)
-	binary.NativeEndian.PutUint32(b[20:], op)
+	binary.NativeEndian.PutUint16(b[16:], uint16(4*len(data)))
+	for i, d := range data {
+		binary.NativeEndian.PutUint32(b[cnMsgLen+4*i:], d)
+	}
 	m := netlink.Message{
 		Header: netlink.Header{Length: uint32(unix.SizeofNlMsghdr + len(b)), Type: netlink.Done, PID: l.port},
 		Data:   b,
@@ -280,6 +296,7 @@ func (l *Listener) appendEvents(buf []Event, n int) []Event {
 		if m.Hdr.Flags&unix.MSG_TRUNC != 0 || l.names[i].Pid != 0 {
 			continue
 		}
+		l.datagrams++
 		size := min(int(m.Len), datagramLen)
 		buf = appendMessages(buf, l.buf[i*datagramLen:i*datagramLen+size])
 	}

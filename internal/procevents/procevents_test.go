@@ -3,6 +3,7 @@ package procevents
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -230,4 +231,47 @@ func TestForgedEventDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestListenFiltersEvents: on Linux 6.6 and later the kernel sends only
+// the events the listener keeps. A process that renames itself 100 times
+// (each a comm event, as each exec also sends) costs a handful of
+// datagrams, not a hundred.
+func TestListenFiltersEvents(t *testing.T) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		t.Fatal(err)
+	}
+	if major < 6 || (major == 6 && minor < 6) {
+		t.Skipf("kernel %d.%d: the connector's event filter came in 6.6", major, minor)
+	}
+	l := listen(t)
+	defer l.Close()
+	cmd := exec.Command("sh", "-c", `i=0; while [ $i -lt 100 ]; do echo "n$i" > /proc/$$/comm; i=$((i+1)); done`)
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	child := cmd.Process.Pid
+	l.SetDeadline(time.Now().Add(10 * time.Second))
+	var buf []Event
+	for exited := false; !exited; {
+		var err error
+		buf, err = l.Receive(buf[:0])
+		if err != nil {
+			t.Fatalf("before the child's exit: %v", err)
+		}
+		for _, e := range buf {
+			exited = exited || (e.Kind == Exit && e.PID == child && !e.Thread())
+		}
+	}
+	// The child's fork, exec and exit, and what else this machine did
+	// meanwhile; without the filter, 100 more.
+	if l.datagrams >= 60 {
+		t.Errorf("%d datagrams for a child that renamed itself 100 times: the kernel does not filter the events", l.datagrams)
+	}
+	t.Logf("%d datagrams", l.datagrams)
 }
