@@ -7,9 +7,11 @@ package remediate_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
@@ -85,14 +87,11 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 
 	// Each job's owner is killed once the agent runs (killAll), as on a
 	// node where it runs all along.
-	var kills []func()
+	var owners []*exec.Cmd
 	orphan := func(bin string, mib int) *testenv.Workload {
 		s := testenv.StartScript(t, fmt.Sprintf("exec %s run --root %s --gpu 1 --mib %d --children 1", bin, root, mib))
 		w := s.Ready(t)
-		kills = append(kills, func() {
-			s.Cmd.Process.Kill()
-			s.Cmd.Wait()
-		})
+		owners = append(owners, s.Cmd)
 		return w
 	}
 	pFabric := orphan(fabric, 1024)
@@ -122,13 +121,22 @@ func TestProtectDaemonByExecutable(t *testing.T) {
 	}
 
 	killAll := func() {
-		// Every job's forks applied by the agent first: the owners then
-		// die together, and ripen together.
+		// Every job's forks applied by the agent first; then every owner
+		// is sent SIGKILL before any is reaped, so that they die together
+		// and ripen together: a snapshot taken while they died one by one
+		// (a reap each, on a loaded machine) saw some dead and some alive,
+		// and those seen dead later were still too young when the first
+		// ripened.
 		testenv.WaitEventsApplied(t, ordinary.Ready)
-		for _, k := range kills {
-			k()
+		owners = append(owners, ordinary.Cmd)
+		for _, c := range owners {
+			if err := c.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
 		}
-		ordinary.KillParent(t)
+		for _, c := range owners {
+			c.Wait()
+		}
 	}
 	a, _ := cleanGPUAfter(t, root, 1, killAll, "--act", "--remediate.protect="+listed, "--remediate.protect="+agent)
 	if a.State != remediate.StateSucceeded || !strings.HasPrefix(a.Reason, "other holders remain") {
