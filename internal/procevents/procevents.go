@@ -132,8 +132,10 @@ type Listener struct {
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrNetlink
 	buf   []byte
-	// datagrams counts those received from the kernel.
-	datagrams uint64
+	// datagrams counts those received from the kernel, and unkept those
+	// of them that carried no event the listener keeps (comm, ptrace,
+	// coredump, the subscription's acknowledgement).
+	datagrams, unkept uint64
 }
 
 // Listen subscribes to the process events. It fails, wrapping
@@ -298,7 +300,11 @@ func (l *Listener) appendEvents(buf []Event, n int) []Event {
 		}
 		l.datagrams++
 		size := min(int(m.Len), datagramLen)
+		kept := len(buf)
 		buf = appendMessages(buf, l.buf[i*datagramLen:i*datagramLen+size])
+		if len(buf) == kept {
+			l.unkept++
+		}
 	}
 	return buf
 }

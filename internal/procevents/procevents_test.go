@@ -268,10 +268,12 @@ func TestListenFiltersEvents(t *testing.T) {
 			exited = exited || (e.Kind == Exit && e.PID == child && !e.Thread())
 		}
 	}
-	// The child's fork, exec and exit, and what else this machine did
-	// meanwhile; without the filter, 100 more.
-	if l.datagrams >= 60 {
-		t.Errorf("%d datagrams for a child that renamed itself 100 times: the kernel does not filter the events", l.datagrams)
+	// With the filter no comm event reaches the socket, however busy the
+	// machine is (a CI runner forks thousands of processes a second
+	// beside this test, all of them kept events); without it, the
+	// child's 100 renames alone arrive.
+	if l.unkept >= 50 {
+		t.Errorf("%d of %d datagrams carried no kept event for a child that renamed itself 100 times: the kernel does not filter the events", l.unkept, l.datagrams)
 	}
-	t.Logf("%d datagrams", l.datagrams)
+	t.Logf("%d datagrams, %d of them unkept", l.datagrams, l.unkept)
 }
