@@ -8,11 +8,12 @@
 # memory must come back and every bystander live. The exporter's time from
 # the death to the orphan in /metrics is measured. Then what following the
 # kernel's process events costs: a 60 s fork storm (short-lived processes,
-# as fast as 8 loops start them) beside the exporter and the remediator,
+# as fast as 8 loops start them, or STORM_RATE a second from
+# scripts/gpu/forkstorm.py) beside the exporter and the remediator,
 # their CPU, RSS, lost events and the fork record's size; and the exporter
 # idle on a healthy node.
 #
-# Usage: scripts/hardware-forkevents.sh BIN_DIR OUT_DIR FORK_ORPHAN_PY   (as root, GPU 0)
+# Usage: [STORM_RATE=5000] scripts/hardware-forkevents.sh BIN_DIR OUT_DIR FORK_ORPHAN_PY   (as root, GPU 0)
 set -uo pipefail
 bin=$1 out=$2 py=$3
 dir="$(cd "$(dirname "$0")" && pwd)"
@@ -109,7 +110,11 @@ echo "before: exporter RSS $(rss_kib $exp) KiB, remediator RSS $(rss_kib $rem) K
 p0=$(awk '/^processes/ {print $2}' /proc/stat)
 e0=$(cpu_ns $exp); r0c=$(cpu_ns $rem); t0=$(date +%s.%N)
 storm=()
-for _ in $(seq 8); do (end=$((SECONDS+60)); while [ $SECONDS -lt $end ]; do /bin/true; done) & storm+=($!); done
+if [ -n "${STORM_RATE:-}" ]; then
+  python3 "$dir/gpu/forkstorm.py" "$STORM_RATE" 60 & storm+=($!)
+else
+  for _ in $(seq 8); do (end=$((SECONDS+60)); while [ $SECONDS -lt $end ]; do /bin/true; done) & storm+=($!); done
+fi
 sleep 30
 echo "mid-storm: $(metric gpu_orphan_fork_record_processes); exporter RSS $(rss_kib $exp) KiB"
 wait "${storm[@]}"
