@@ -244,7 +244,9 @@ func TestHardeningScrapeUnderChurn(t *testing.T) {
 		len(results), hardenClients, phaseDur.Seconds(), ms(pct(first, 0.50)), ms(pct(first, 0.99)), ms(pct(last, 0.50)), ms(pct(last, 0.99)),
 		ms(all[len(all)-1]), len(snapshots), len(scanned), len(deadOwner), liveMin, liveMax, started, killed, exited))
 
-	if limit := 10*pct(first, 0.99) + 50*time.Millisecond; pct(last, 0.99) > limit {
+	// A load that came during the scrapes (another make test beside this
+	// one) slows the last quarter by the machine's slowness.
+	if limit := time.Duration(float64(10*pct(first, 0.99)+50*time.Millisecond) * max(1, testenv.Slowness())); pct(last, 0.99) > limit {
 		t.Errorf("scrape p99 rose from %s (first quarter) to %s (last quarter), over %s", ms(pct(first, 0.99)), ms(pct(last, 0.99)), ms(limit))
 	}
 	switch {
@@ -692,8 +694,8 @@ func TestHardeningDriverFaults(t *testing.T) {
 		_, mfs := testenv.Scrape(t, e.url)
 		d := time.Since(start)
 		scrapeMax, lastScrape = max(scrapeMax, d), d
-		if d > 2*time.Second {
-			t.Errorf("a scrape took %s while the driver was broken", d)
+		if limit := testenv.Scale(2 * time.Second); d > limit {
+			t.Errorf("a scrape took %s while the driver was broken, over %s", d, limit)
 		}
 		for _, p := range checkConsistent(mfs) {
 			t.Error(p)
@@ -808,7 +810,10 @@ func TestHardeningDriverFaults(t *testing.T) {
 			return ok && v == 0
 		}))
 		stamps := map[float64]bool{}
-		observe(3*time.Second, func(mfs map[string]*dto.MetricFamily) {
+		// The waits below are a loaded machine's: its slowness stretches
+		// them, as testenv.Eventually's.
+		hangWatch, slack := testenv.Scale(3*time.Second), testenv.Scale(time.Second)
+		observe(hangWatch, func(mfs map[string]*dto.MetricFamily) {
 			hangScrapeMax = max(hangScrapeMax, lastScrape)
 			if v, ok := testenv.Value(mfs, "gpu_orphan_source_success", sim0); !ok || v != 0 {
 				t.Errorf("source_success{sim} = %v (present %v) while the driver hangs", v, ok)
@@ -821,18 +826,18 @@ func TestHardeningDriverFaults(t *testing.T) {
 			stamps[ts] = true
 			ageD := time.Duration(age * float64(time.Second))
 			hangAgeMax = max(hangAgeMax, ageD)
-			if skew := float64(time.Now().UnixNano())/1e9 - (ts + age); age < 0 || math.Abs(skew) > 1 {
+			if skew := float64(time.Now().UnixNano())/1e9 - (ts + age); age < 0 || math.Abs(skew) > slack.Seconds() {
 				t.Errorf("snapshot timestamp %.3f + age %.3f is %.3f s off the clock", ts, age, skew)
 			}
-			if dur, _ := testenv.Value(mfs, "gpu_orphan_source_duration_seconds", sim0); dur > (hardenTimeout + time.Second).Seconds() {
+			if dur, _ := testenv.Value(mfs, "gpu_orphan_source_duration_seconds", sim0); dur > (hardenTimeout + slack).Seconds() {
 				t.Errorf("source_duration_seconds{sim} = %.3f: the read was not cut at --nvml.timeout=%s", dur, hardenTimeout)
 			}
 		})
 		hangSnapshots = len(stamps)
 		if len(stamps) < 2 {
-			t.Errorf("%d snapshot(s) in 3 s of a hung driver: the loop is stuck behind it", len(stamps))
+			t.Errorf("%d snapshot(s) in %s of a hung driver: the loop is stuck behind it", len(stamps), hangWatch)
 		}
-		if limit := hardenTimeout + hardenInterval + 2*time.Second; hangAgeMax > limit {
+		if limit := hardenTimeout + hardenInterval + 2*slack; hangAgeMax > limit {
 			t.Errorf("snapshot age reached %s under a hang, want <= %s", hangAgeMax, limit)
 		}
 		logHas(regexp.MustCompile(`level=ERROR .*msg="Snapshot source failed" input=sim err="(reading GPUs through sim: context deadline exceeded|` + regexp.QuoteMeta("an earlier GPU driver call is still hung") + `)"`))

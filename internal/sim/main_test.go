@@ -90,11 +90,9 @@ func tryRun(t *testing.T, root string, args ...string) (*simRun, error) {
 		line, _ := bufio.NewReader(stdout).ReadString('\n')
 		lines <- line
 	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(10 * time.Second):
-		return nil, fmt.Errorf("no ready line after 10s; stderr: %s", p.readStderr())
+	line, _, err := testenv.Receive(lines, 10*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("no ready line: %w; stderr: %s", err, p.readStderr())
 	}
 	if line == "" {
 		p.wait()
@@ -302,19 +300,17 @@ func startSim(t *testing.T, args ...string) *simCmd {
 // line returns the fields of the next line the command prints.
 func (s *simCmd) line(t *testing.T) []string {
 	t.Helper()
-	select {
-	case l, ok := <-s.lines:
-		if !ok {
-			s.wait()
-			b, _ := os.ReadFile(s.stderr)
-			t.Fatalf("%v printed no more lines (%v); stderr: %s", s.cmd.Args[1:], s.cmd.ProcessState, b)
-		}
-		return strings.Fields(l)
-	case <-time.After(10 * time.Second):
+	l, ok, err := testenv.Receive(s.lines, 10*time.Second)
+	if err != nil {
 		b, _ := os.ReadFile(s.stderr)
-		t.Fatalf("%v printed no line within 10s; stderr: %s", s.cmd.Args[1:], b)
+		t.Fatalf("%v printed no line: %v; stderr: %s", s.cmd.Args[1:], err, b)
 	}
-	return nil
+	if !ok {
+		s.wait()
+		b, _ := os.ReadFile(s.stderr)
+		t.Fatalf("%v printed no more lines (%v); stderr: %s", s.cmd.Args[1:], s.cmd.ProcessState, b)
+	}
+	return strings.Fields(l)
 }
 
 func (s *simCmd) signal(t *testing.T, sig syscall.Signal) {

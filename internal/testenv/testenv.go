@@ -353,6 +353,26 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
+// Receive waits for a value from ch for as long as what it waits for takes
+// on an idle machine, stretched as Eventually stretches it. ok is false
+// when ch was closed; err says how long it waited when nothing came.
+func Receive[T any](ch <-chan T, timeout time.Duration) (v T, ok bool, err error) {
+	start, factor := time.Now(), Slowness()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case v, ok = <-ch:
+			return v, ok, nil
+		case <-tick.C:
+			factor = max(factor, Slowness())
+			if time.Since(start) > scale(timeout, factor) {
+				return v, false, fmt.Errorf("nothing within %s%s", timeout, stretched(timeout, factor))
+			}
+		}
+	}
+}
+
 // SlownessEnv sets Slowness instead of the load (CI on a machine whose
 // load average is someone else's, for instance).
 const SlownessEnv = slowness.Env

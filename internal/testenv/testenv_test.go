@@ -162,3 +162,28 @@ func TestEventuallyStretched(t *testing.T) {
 		t.Errorf("a condition that holds: asked %d times, %q", calls, msg)
 	}
 }
+
+// TestReceiveStretched: Receive waits its timeout times the slowness for a
+// value, and tells a closed channel from one that stayed silent.
+func TestReceiveStretched(t *testing.T) {
+	t.Setenv(SlownessEnv, "4")
+	silent := make(chan int)
+	start := time.Now()
+	_, ok, err := Receive(silent, 100*time.Millisecond)
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Errorf("gave up after %s, want 4 x 100ms", took)
+	}
+	if ok || err == nil || !strings.HasPrefix(err.Error(), "nothing within 100ms (stretched to 400ms") {
+		t.Errorf("a silent channel: ok %v, error %v", ok, err)
+	}
+
+	sent := make(chan int, 1)
+	sent <- 7
+	if v, ok, err := Receive(sent, time.Hour); v != 7 || !ok || err != nil {
+		t.Errorf("a value sent: %d, %v, %v", v, ok, err)
+	}
+	close(sent)
+	if _, ok, err := Receive(sent, time.Hour); ok || err != nil {
+		t.Errorf("a closed channel: ok %v, error %v", ok, err)
+	}
+}
