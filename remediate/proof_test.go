@@ -218,10 +218,15 @@ func TestProofMinAgePerDeadOwner(t *testing.T) {
 	if err := os.Link(simBin(t), hostengine); err != nil {
 		t.Fatal(err)
 	}
-	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.min-age=3s")
+	// min-age must outlast the alert's way to the plan, so that the plan is
+	// seen waiting: 3 s on an idle machine, stretched by a loaded one's
+	// slowness (a plan made 3 s after the death would find the trainer
+	// old enough, and the test would see no wait).
+	minAge := testenv.Scale(3 * time.Second).Round(time.Second)
+	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"), "--act", "--remediate.min-age="+minAge.String())
 	old := testenv.StartScript(t, fmt.Sprintf("exec %s run --root %s --gpu 1 --mib 1024 --children 1", hostengine, root)).Ready(t)
 	syscall.Kill(old.PID, syscall.SIGKILL)
-	time.Sleep(3500 * time.Millisecond) // the old orphan is older than min-age
+	time.Sleep(minAge + 500*time.Millisecond) // the old orphan is older than min-age
 	trainer := testenv.StartWorkload(t, root, 1, 2048, 2)
 	trainer.KillParent(t)
 	died := time.Now()
@@ -234,7 +239,7 @@ func TestProofMinAgePerDeadOwner(t *testing.T) {
 		as := actions(t, url)
 		return len(as) == 1 && as[0].State == remediate.StateQueued && strings.Contains(as[0].Reason, "too_young")
 	})
-	if time.Since(died) < 2*time.Second {
+	if time.Since(died) < minAge*2/3 {
 		wantAlive(t, "a worker of a trainer dead for less than min-age", trainer.Children...)
 	}
 	var a remediate.Action
@@ -246,8 +251,8 @@ func TestProofMinAgePerDeadOwner(t *testing.T) {
 	if a.State != remediate.StateSucceeded {
 		t.Fatalf("action %s: %s", a.State, a.Reason)
 	}
-	if a.FinishedAt == nil || a.FinishedAt.Sub(died) < 3*time.Second {
-		t.Errorf("the trainer's workers were signalled %v after it died, before min-age (3s)", a.FinishedAt.Sub(died))
+	if a.FinishedAt == nil || a.FinishedAt.Sub(died) < minAge {
+		t.Errorf("the trainer's workers were signalled %v after it died, before min-age (%s)", a.FinishedAt.Sub(died), minAge)
 	}
 	wantTargets(t, a, trainer.Children...)
 	wantAlive(t, "the protected holder of the old orphan", old.Children...)

@@ -153,20 +153,11 @@ func reap(pid int) {
 	}
 }
 
-// eventually polls f until it succeeds or the deadline passes.
+// eventually polls f until it succeeds, within a wait stretched by the
+// machine's slowness (testenv.EventuallyNil).
 func eventually(t *testing.T, within time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.EventuallyNil(t, within, what, f)
 }
 
 func newDriver(t *testing.T, root string) *Driver {

@@ -343,11 +343,33 @@ var passed sync.Map // *exec.Cmd -> *os.File
 // holds still ends the wait at once.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	EventuallyNil(t, timeout, what, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+}
+
+var errNotYet = errors.New("not yet")
+
+// EventuallyNil is Eventually for a check that says why it does not hold
+// yet: its last error is in the failure.
+func EventuallyNil(t testing.TB, timeout time.Duration, what string, check func() error) {
+	t.Helper()
 	start, factor := time.Now(), Slowness()
-	for !cond() {
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
 		factor = max(factor, Slowness())
 		if time.Since(start) > scale(timeout, factor) {
-			t.Fatalf("timed out after %s waiting for %s%s", timeout, what, stretched(timeout, factor))
+			why := ""
+			if err != errNotYet {
+				why = ": " + err.Error()
+			}
+			t.Fatalf("timed out after %s waiting for %s%s%s", timeout, what, stretched(timeout, factor), why)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
