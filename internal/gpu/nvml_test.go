@@ -15,6 +15,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // Figures from docs/facts.md's table (one H200, driver 580), in MiB.
@@ -559,7 +561,7 @@ func TestNVMLCloseWaitsForReadThenGivesUp(t *testing.T) {
 	if err := <-readDone; err != nil {
 		t.Fatalf("stuck Read: %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(slowness.Scale(5*time.Second, slowness.Factor()))
 	for shutdowns.Load() != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("Shutdown not called once the stuck Read returned")

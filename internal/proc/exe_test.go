@@ -160,7 +160,7 @@ func waitProcess(t *testing.T, fs FS, pid int, what string, cond func(Process) b
 	t.Helper()
 	var p Process
 	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Scale(10 * time.Second)); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if p, err = fs.Process(pid); err == nil && cond(p) {
 			return p
 		}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // startSleeper starts `sleep 300` holding f as descriptor 3.
@@ -77,7 +79,7 @@ func TestSharesFile(t *testing.T) {
 	shared := open()
 	a, b, c := startSleeper(t, shared), startSleeper(t, shared), startSleeper(t, open())
 	var holding map[int]Holding
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(slowness.Scale(5*time.Second, slowness.Factor()))
 	for {
 		scan, err := fs.ScanHolders([]Device{dev})
 		if err != nil {

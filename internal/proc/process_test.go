@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 func TestProcessFixture(t *testing.T) {
@@ -236,7 +238,7 @@ func TestProcessZombie(t *testing.T) {
 
 	// Not reaped yet: a zombie once the kill has landed.
 	var p Process
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(slowness.Scale(10*time.Second, slowness.Factor())); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if p, err = fs.Process(pid); err != nil || p.Zombie() {
 			break
 		}

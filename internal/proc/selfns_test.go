@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 func TestParseNSpid(t *testing.T) {
@@ -165,7 +167,7 @@ func TestCheckOwnPIDNamespaceUnshared(t *testing.T) {
 	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
 	// unshare forks sleep, PID 1 of the new namespace.
 	var sleepPID string
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(slowness.Scale(10*time.Second, slowness.Factor()))
 	for {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(child.Process.Pid) + "/task/" + strconv.Itoa(child.Process.Pid) + "/children")
 		if f := strings.Fields(string(b)); len(f) == 1 {

@@ -157,7 +157,7 @@ func waitMapped(t *testing.T, pid int, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Scale(5 * time.Second)); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if h, held, _ := fs.HoldingOf(pid, dev); held {
 			if ok, _ := fs.Maps(h); ok {
 				return
@@ -227,7 +227,7 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 		creator.Wait()
 	})
 	fs := procFS(t)
-	for deadline := time.Now().Add(5 * time.Second); len(workers) < n; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Scale(5 * time.Second)); len(workers) < n; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the creator's %d workers never started: %v", n, workers)
 		}
@@ -258,7 +258,7 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 		if _, err := exitRelease.WriteString("go\n"); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(testenv.Scale(5 * time.Second)); ; time.Sleep(5 * time.Millisecond) {
 			if p, err := fs.Process(pid); err == nil && p.Zombie() {
 				break
 			}
@@ -428,7 +428,7 @@ func TestAccountingFacts(t *testing.T) {
 			}
 			t.Cleanup(func() { syscall.Kill(-live.Process.Pid, syscall.SIGKILL); live.Wait() })
 			children := fmt.Sprintf("/proc/%d/task/%d/children", live.Process.Pid, live.Process.Pid)
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			for deadline := time.Now().Add(testenv.Scale(5 * time.Second)); ; time.Sleep(5 * time.Millisecond) {
 				if b, _ := os.ReadFile(children); len(strings.TrimSpace(string(b))) > 0 {
 					worker, _ := strconv.Atoi(strings.Fields(string(b))[0])
 					waitMapped(t, worker, dev)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/store"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // scripted answers each execution of an action with the next of its
@@ -67,7 +69,7 @@ func TestRunWorksTheQueue(t *testing.T) {
 	go func() { e.Run(ctx, time.Second); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(slowness.Scale(10*time.Second, slowness.Factor()))
 	for {
 		a, err := st.Action(t.Context(), id)
 		if err != nil {

@@ -102,7 +102,7 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 // waitComm waits until pid's comm is comm: it has exec'd, or renamed itself.
 func waitComm(t *testing.T, fs proc.FS, pid int, comm string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(testenv.Scale(10 * time.Second)); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if p, err := fs.Process(pid); err == nil && p.Comm == comm {
 			return
 		}

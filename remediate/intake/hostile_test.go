@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/prometheus/alertmanager/notify"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // shippedPlaceholders reads the example tokens the repository ships:
@@ -233,7 +235,7 @@ func TestAuthWarningsSummarised(t *testing.T) {
 	if n := strings.Count(logs.String(), "\n"); n != 3 {
 		t.Fatalf("50 rejected requests: %d lines before the interval ended, want 3:\n%s", n, logs.String())
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(slowness.Scale(5*time.Second, slowness.Factor()))
 	for !strings.Contains(logs.String(), "suppressed=47") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

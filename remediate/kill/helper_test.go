@@ -15,6 +15,8 @@ import (
 
 	"github.com/gpu-orphan/gpu-orphan/internal/proc"
 	"github.com/gpu-orphan/gpu-orphan/remediate"
+
+	"github.com/gpu-orphan/gpu-orphan/internal/stack/slowness"
 )
 
 // helperEnv makes the test binary act as a helper process instead of
@@ -149,7 +151,7 @@ func state(pid int) string {
 // waitState waits until pid is in state want.
 func waitState(t *testing.T, pid int, want string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(slowness.Scale(5*time.Second, slowness.Factor())); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if state(pid) == want {
 			return
 		}
