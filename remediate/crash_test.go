@@ -66,11 +66,11 @@ func startAgentBin(t *testing.T, bin string, env []string, root, storePath strin
 		"--auth.token-file="+tokenFile(t), "--node.name=node-a", "--web.listen-address="+addr,
 		"--collector.interval=200ms", "--remediate.min-age=500ms", "--remediate.grace=1s",
 		"--remediate.verify-timeout=10s", "--log.level=debug")
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v) // the daemon inherits it; the next start sets its own
-	}
-	cmd := testenv.Daemon(t, bin, args...)
+	// The daemon's own environment, not the test process's: the steps run
+	// in parallel, each with its pause point.
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	testenv.DaemonCmd(t, cmd)
 	url := "http://" + addr
 	waitReady(t, http.DefaultClient, url)
 	return agent{url: url, cmd: cmd}
@@ -167,6 +167,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	plain := testenv.Bin(t, "gpu-orphan-remediator")
 	for i, step := range []string{cleanup.PausePlanRecorded, cleanup.PauseSIGTERMSent, "grace", cleanup.PauseSIGKILLSent, cleanup.PauseVerifying} {
 		t.Run(step, func(t *testing.T) {
+			t.Parallel()
 			root := testenv.SimNode(t, 2)
 			uuid := gpuUUID(t, root, 1)
 			orphan := testenv.StartWorkload(t, root, 1, 2662, 2, "--ignore-sigterm")

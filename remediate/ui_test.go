@@ -84,6 +84,7 @@ func TestActionsPageInABrowser(t *testing.T) {
 // TestActionsPageNeedsAuth: without --web.ui.open the page is behind the
 // API's authentication.
 func TestActionsPageNeedsAuth(t *testing.T) {
+	t.Parallel()
 	root := testenv.SimNode(t, 1)
 	url, _ := startAgent(t, root, filepath.Join(t.TempDir(), "r.db"))
 	resp, err := http.Get(url + "/actions")
