@@ -79,6 +79,10 @@ tools:
 # control plane is built from its Go modules into .tools/kubernetes-VERSION
 # by scripts/kube-tools.sh, once (22 minutes on 2 busy cores, 8 idle), then
 # cached. .ci/run runs it after `make test`, which leaves it out for time.
+# The tests against it that need a package's insides stay in the package,
+# with the build tag kubernetes, and run first, by name.
+KUBE_PACKAGE_TESTS := '^(TestControlPlane|TestRetryStopsWithDiscovery)$$'
+KUBE_PACKAGES      := ./internal/testenv/kubereal/ ./remediate/discovery/
 kube-tools:
 	@mkdir -p '$(TOOLS)'
 	@GO='$(GO)' $(PROGRESS) -p 'tools: kube-apiserver and etcd (scripts/kube-tools.sh)' ./scripts/kube-tools.sh '$(TOOLS)' > '$(TOOLS)/kubernetes.tmp' && mv '$(TOOLS)/kubernetes.tmp' '$(TOOLS)/kubernetes'
@@ -87,11 +91,11 @@ kube-tools:
 # the linker then binds every symbol at start-up, go-nvml's too, which it
 # resolves only once libnvidia-ml is loaded (the test would not start).
 e2e-kubernetes: kube-tools
-	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test ./internal/testenv/kubereal/ (a real control plane)' $(GO) test -count=1 -v -run TestControlPlane ./internal/testenv/kubereal/
+	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes $(KUBE_PACKAGES) (a real control plane)' $(GO) test -tags kubernetes -count=1 -v -run $(KUBE_PACKAGE_TESTS) $(KUBE_PACKAGES)
 	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver)' $(GO) test -tags kubernetes -ldflags=-extldflags=-Wl,-z,lazy -count=1 -v -timeout 15m ./kubernetes/
 
 kubernetes-skipped:
-	@echo 'make test: the tests against a real kube-apiserver (test/kubernetes) are not part of it: `make e2e-kubernetes` builds the control plane once and runs them (.ci/run does)'
+	@echo 'make test: the tests against a real kube-apiserver (test/kubernetes, and those tagged kubernetes in their packages) are not part of it: `make e2e-kubernetes` builds the control plane once and runs them (.ci/run does)'
 
 oldest: build deps-run
 	@$(MAKE) --no-print-directory rules e2e OLDEST=1
@@ -142,8 +146,8 @@ $(GOLANGCI_LINT):
 lint: $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
-	@$(PROGRESS) 'go vet ./...' $(GO) vet ./...
-	@cd test && $(PROGRESS) 'go vet -tags e2e ./... (test/)' $(GO) vet -tags e2e ./...
+	@$(PROGRESS) 'go vet -tags kubernetes ./...' $(GO) vet -tags kubernetes ./...
+	@cd test && $(PROGRESS) 'go vet -tags e2e,kubernetes ./... (test/)' $(GO) vet -tags e2e,kubernetes ./...
 	@$(PROGRESS) 'golangci-lint run ./...' $(GOLANGCI_LINT) run --allow-parallel-runners ./...
 	@cd test && $(PROGRESS) 'golangci-lint run ./... (test/)' $(GOLANGCI_LINT) run --allow-parallel-runners ./...
 

@@ -63,25 +63,8 @@ func startFleetDispatcher(t *testing.T, dir string, targets map[string]string, w
 // startsAt to the dispatcher, as Alertmanager does.
 func postAlert(t *testing.T, base, webhookToken, status, node, uuid, fingerprint string, startsAt time.Time) {
 	t.Helper()
-	a := map[string]any{"status": status, "labels": map[string]string{"alertname": "GPUOrphanMemory", "node": node, "uuid": uuid},
-		"annotations": map[string]string{}, "startsAt": startsAt.UTC().Format(time.RFC3339Nano),
-		"endsAt": "0001-01-01T00:00:00Z", "fingerprint": fingerprint}
-	if status == "resolved" {
-		a["endsAt"] = time.Now().UTC().Format(time.RFC3339Nano)
-	}
-	body, _ := json.Marshal(map[string]any{"version": "4", "groupKey": "{}", "status": status, "receiver": "gpu-orphan",
-		"groupLabels": map[string]string{}, "commonLabels": map[string]string{}, "commonAnnotations": map[string]string{},
-		"externalURL": "http://alertmanager", "alerts": []any{a}})
-	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/alerts", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+webhookToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("posting the %s alert for %s: %s", status, node, resp.Status)
+	if _, err := testenv.PostWebhook(base, webhookToken, testenv.Alert{Status: status, Node: node, UUID: uuid, Fingerprint: fingerprint, StartsAt: startsAt}); err != nil {
+		t.Fatalf("posting the %s alert for %s: %v", status, node, err)
 	}
 }
 

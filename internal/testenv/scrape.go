@@ -24,12 +24,17 @@ func Scrape(t testing.TB, url string) (string, map[string]*dto.MetricFamily) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("scrape %s: %d %v", url, resp.StatusCode, err)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	mfs, err := ParseMetrics(string(body))
 	if err != nil {
 		t.Fatalf("parse scrape: %v\n%s", err, body)
 	}
 	return string(body), mfs
+}
+
+// ParseMetrics parses Prometheus's text exposition format.
+func ParseMetrics(body string) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(strings.NewReader(body))
 }
 
 // Series returns the metrics of a family whose labels include want.

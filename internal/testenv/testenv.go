@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -311,12 +312,19 @@ func FreeAddr(t testing.TB) string {
 // cmd with DaemonCmd or Start.
 func PassListener(t testing.TB, cmd *exec.Cmd) string {
 	t.Helper()
-	l, err := freeport.Listen()
+	return PassListenerOn(t, cmd, "127.0.0.1")
+}
+
+// PassListenerOn is PassListener on ip: HostIP, for a daemon that an
+// EndpointSlice names.
+func PassListenerOn(t testing.TB, cmd *exec.Cmd, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	f, err := freeport.Pass(cmd, l)
+	f, err := freeport.Pass(cmd, l.(*net.TCPListener))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,6 +342,30 @@ func PassListener(t testing.TB, cmd *exec.Cmd) string {
 // passed holds the socket PassListener handed to a command, until it has
 // started.
 var passed sync.Map // *exec.Cmd -> *os.File
+
+// HostIP is an IPv4 address of this machine outside the loopback range,
+// for a listener that an EndpointSlice names: kube-apiserver refuses a
+// loopback address in one. It skips the test when there is none.
+func HostIP(t testing.TB) string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	t.Skip("this machine has no IPv4 address outside the loopback range for the agents to listen on (an EndpointSlice may not name 127.0.0.1)")
+	return ""
+}
 
 // Eventually polls cond every 20ms until it holds or timeout passes.
 //

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	"github.com/gpu-orphan/gpu-orphan/remediate"
 	"github.com/gpu-orphan/gpu-orphan/remediate/intake"
 	"github.com/gpu-orphan/gpu-orphan/remediate/limits"
+	"github.com/gpu-orphan/gpu-orphan/remediate/remediatetest"
 )
 
 func newDispatcher(t *testing.T, cfg Config) *Dispatcher {
@@ -62,7 +62,7 @@ func TestExecuteForwards(t *testing.T) {
 	if a.State != remediate.StateSucceeded || retry != 0 || a.Source != "dispatch" {
 		t.Fatalf("action %s (%s), retry %v", a.State, a.Reason, retry)
 	}
-	if !signedFor(auth, "gpu-a") {
+	if !remediatetest.SignedFor(auth, "gpu-a", "0123456789abcdef") {
 		t.Errorf("Authorization %q, want signed for gpu-a", auth)
 	}
 	if got.Data == nil || len(got.Alerts) != 1 || got.Alerts[0].Fingerprint != "fp1" || !got.Alerts[0].StartsAt.Equal(startsAt) ||
@@ -345,7 +345,7 @@ func TestUnavailableAgentsNotTheFleetBreaker(t *testing.T) {
 	if a := execute("gpu-ok"); a.State != remediate.StateSucceeded {
 		t.Fatalf("the healthy node's alert: %s (%s), want forwarded", a.State, a.Reason)
 	}
-	if reqs, auths := healthy.requests(); len(reqs) != 1 || reqs[0] != "POST /api/v1/alerts" || !signedFor(auths[0], "gpu-ok") {
+	if reqs, auths := healthy.requests(); len(reqs) != 1 || reqs[0] != "POST /api/v1/alerts" || !remediatetest.SignedFor(auths[0], "gpu-ok", "0123456789abcdef") {
 		t.Errorf("the healthy node's agent got %v %v", reqs, auths)
 	}
 	if got := d.cfg.Fleet.State().Unavailable; got["gpu-full"] != 3 || got["gpu-down"] != 3 {
@@ -415,13 +415,4 @@ func TestNoisyNodeThroughTheDispatcher(t *testing.T) {
 	if reqs, _ := noisy.requests(); len(reqs) != 9 {
 		t.Errorf("the noisy node's agent got %d alerts, want all 9", len(reqs))
 	}
-}
-
-// signedFor reports whether an Authorization header is the dispatcher's
-// signature for node, without the token.
-func signedFor(auth, node string) bool {
-	scheme, cred, _ := strings.Cut(auth, " ")
-	v, err := url.ParseQuery(cred)
-	return scheme == intake.FleetScheme && err == nil && v.Get("node") == node && len(v.Get("sig")) == 64 &&
-		!strings.Contains(auth, "0123456789abcdef")
 }

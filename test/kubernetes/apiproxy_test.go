@@ -27,8 +27,10 @@ type apiProxy struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]time.Time // when each was opened
-	// gate, while not nil, holds new connections until it is closed.
-	gate chan struct{}
+	// gate, while not nil, holds new connections until it is closed;
+	// heldSince is when the first of them came.
+	gate      chan struct{}
+	heldSince time.Time
 }
 
 func newAPIProxy(t *testing.T, apiServerURL string) *apiProxy {
@@ -67,6 +69,9 @@ func (p *apiProxy) serve() {
 func (p *apiProxy) forward(client net.Conn) {
 	p.mu.Lock()
 	gate := p.gate
+	if gate != nil && p.heldSince.IsZero() {
+		p.heldSince = time.Now()
+	}
 	p.mu.Unlock()
 	if gate != nil {
 		<-gate
@@ -145,6 +150,18 @@ func (p *apiProxy) Release() {
 		close(p.gate)
 		p.gate = nil
 	}
+	p.heldSince = time.Time{}
+}
+
+// heldFor is how long the first connection held since Cut has waited;
+// zero when none has come.
+func (p *apiProxy) heldFor() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.heldSince.IsZero() {
+		return 0
+	}
+	return time.Since(p.heldSince)
 }
 
 // kubeconfig rewrites the kubeconfig at path to reach the API server

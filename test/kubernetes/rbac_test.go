@@ -47,7 +47,7 @@ func TestTaintRBACTakenAway(t *testing.T) {
 
 	binding := find(t, r.objects, "ClusterRoleBinding", r.dispatcherName()+"-"+ns+"-taint")
 	remove(t, cp, []*unstructured.Unstructured{binding})
-	waitNodeAccess(t, cp, ns, r.dispatcherName(), nodeB, false, "get", "patch")
+	cp.WaitAccess(t, ns, r.dispatcherName(), false, nodeAccess(nodeB, "get", "patch")...)
 	_, _, err = taints.Taint(t.Context(), nodeB, "GPU-B", "test", known)
 	if err == nil {
 		t.Fatal("Taint went through after its ClusterRoleBinding was deleted")
@@ -64,7 +64,7 @@ func TestTaintRBACTakenAway(t *testing.T) {
 	// The binding is back: the same client works again, no restart.
 	binding.SetResourceVersion("")
 	apply(t, cp, []*unstructured.Unstructured{binding})
-	waitNodeAccess(t, cp, ns, r.dispatcherName(), nodeB, true, "get", "patch")
+	cp.WaitAccess(t, ns, r.dispatcherName(), true, nodeAccess(nodeB, "get", "patch")...)
 	if res, _, err := taints.Taint(t.Context(), nodeB, "GPU-B", "test", known); err != nil || res != dispatch.TaintAdded {
 		t.Errorf("Taint once the binding is back: %q, %v", res, err)
 	}

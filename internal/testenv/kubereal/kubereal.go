@@ -44,6 +44,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -607,14 +608,12 @@ func (c *ControlPlane) AdminKubeconfig(t testing.TB) string { return c.Kubeconfi
 func (c *ControlPlane) ServiceAccountToken(t testing.TB, namespace, name string) string {
 	t.Helper()
 	tr, err := c.Admin(t).CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), name,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))}}, metav1.CreateOptions{})
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("a token of ServiceAccount %s/%s: %v", namespace, name, err)
 	}
 	return tr.Status.Token
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // Healthy reports whether kube-apiserver answers /readyz now.
 func (c *ControlPlane) Healthy() bool {
@@ -628,4 +627,61 @@ func (c *ControlPlane) Healthy() bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// WaitAccess waits until kube-apiserver's authorizer says that the
+// ServiceAccount namespace/name may (allowed) or may not do each of attrs,
+// as a SubjectAccessReview made by the admin asks it. The RBAC authorizer
+// reads Roles and bindings from an informer cache: one created, changed
+// or deleted takes effect a moment later, not at once. The review goes
+// through the same authorizer as the ServiceAccount's own requests, so
+// once it answers, they are answered alike.
+func (c *ControlPlane) WaitAccess(t testing.TB, namespace, name string, allowed bool, attrs ...authorizationv1.ResourceAttributes) {
+	t.Helper()
+	admin := c.Admin(t)
+	spec := authorizationv1.SubjectAccessReviewSpec{
+		User:   "system:serviceaccount:" + namespace + ":" + name,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	var what []string
+	for _, a := range attrs {
+		what = append(what, strings.TrimSpace(a.Verb+" "+a.Resource+" "+a.Name))
+	}
+	want := map[bool]string{true: "allowed", false: "denied"}[allowed]
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%s to be %s %s", spec.User, want, strings.Join(what, ", ")), func() bool {
+		for _, a := range attrs {
+			review := &authorizationv1.SubjectAccessReview{Spec: spec}
+			review.Spec.ResourceAttributes = &a
+			r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("SubjectAccessReview of %s %s for %s: %v", a.Verb, a.Resource, spec.User, err)
+			}
+			if r.Status.Allowed != allowed {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Requests is how many requests kube-apiserver has answered whose labels
+// in apiserver_request_total include want (verb GET, LIST, ...; resource
+// pods, endpointslices, ...; code 403, ...), from its /metrics. A request
+// is counted once its answer has been written: right after a client got
+// one, the count may lag it by a moment.
+func (c *ControlPlane) Requests(t testing.TB, want map[string]string) float64 {
+	t.Helper()
+	body, err := c.Admin(t).Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("kube-apiserver's /metrics: %v", err)
+	}
+	mfs, err := testenv.ParseMetrics(string(body))
+	if err != nil {
+		t.Fatalf("kube-apiserver's /metrics: %v", err)
+	}
+	n := 0.0
+	for _, m := range testenv.Series(mfs, "apiserver_request_total", want) {
+		n += m.GetCounter().GetValue()
+	}
+	return n
 }
