@@ -5,8 +5,8 @@
 # links (go.mod: client-go v0.MM.P is Kubernetes v1.MM.P), and etcd from the
 # etcd server module that it links, started by its embed package
 # (scripts/kube-etcd/main.go). Into TOOLS/kubernetes-VERSION, once (about
-# 8 minutes on 2 cores with the module download), then nothing. Prints that
-# directory.
+# 8 minutes on 2 idle cores with the module download, 24 on busy ones),
+# then nothing. Prints that directory.
 #
 # `go install k8s.io/kubernetes/cmd/kube-apiserver@VERSION` cannot work: the
 # module's go.mod replaces its staging modules (k8s.io/api, client-go,
@@ -73,7 +73,7 @@ if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ] && "$bin/kube-apiserver" -
   exit 0
 fi
 mkdir -p "$bin" "$tools/src"
-echo "tools: building kube-apiserver $version and its etcd from their modules into $bin, once (about 8 minutes)" >&2
+echo "tools: building kube-apiserver $version and its etcd from their modules into $bin, once (8 to 24 minutes on 2 cores, with the modules' download)" >&2
 copy=$tools/src/kubernetes-$version
 if [ ! -d "$copy" ]; then
   dir=$(GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')

@@ -62,7 +62,7 @@ import (
 const ToolsEnv = "GPU_ORPHAN_KUBE_TOOLS"
 
 // HowToBuild is what a skipped test says.
-const HowToBuild = "the real Kubernetes control plane is not built: `make e2e-kubernetes` builds it into .tools/ (once, about 8 minutes on 2 cores) and runs these tests"
+const HowToBuild = "the real Kubernetes control plane is not built: `make e2e-kubernetes` builds it into .tools/ (once, 8 to 24 minutes on 2 cores) and runs these tests"
 
 // ControlPlane is a running etcd and kube-apiserver.
 type ControlPlane struct {
