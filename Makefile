@@ -83,22 +83,35 @@ tools:
 # with the build tag kubernetes, and run first, by name.
 KUBE_PACKAGE_TESTS := '^(TestControlPlane|TestRetryStopsWithDiscovery)$$'
 KUBE_PACKAGES      := ./internal/testenv/kubereal/ ./remediate/discovery/
+# KUBE_VERSION=v1.MM.P builds and tests that release instead of client-go's;
+# `make oldest` sets it to KUBE_OLDEST, the oldest release that the chart
+# supports (its kubeVersion, >=1.30.0-0: the newest patch of 1.30 that the
+# module proxy serves). Each release is built once into
+# .tools/kubernetes-VERSION (the same 8 to 22 minutes); .tools/kubernetes
+# (or .tools/kubernetes.VERSION) names the directory the tests use.
+KUBE_VERSION ?=
+KUBE_OLDEST  ?= v1.30.14
+KUBE_DIR_FILE := $(TOOLS)/kubernetes$(if $(KUBE_VERSION),.$(KUBE_VERSION))
 kube-tools:
 	@mkdir -p '$(TOOLS)'
-	@GO='$(GO)' $(PROGRESS) -p 'tools: kube-apiserver and etcd (scripts/kube-tools.sh)' ./scripts/kube-tools.sh '$(TOOLS)' > '$(TOOLS)/kubernetes.tmp' && mv '$(TOOLS)/kubernetes.tmp' '$(TOOLS)/kubernetes'
+	@GO='$(GO)' $(PROGRESS) -p 'tools: kube-apiserver and etcd $(if $(KUBE_VERSION),$(KUBE_VERSION) )(scripts/kube-tools.sh)' ./scripts/kube-tools.sh '$(TOOLS)' $(KUBE_VERSION) > '$(KUBE_DIR_FILE).tmp' && mv '$(KUBE_DIR_FILE).tmp' '$(KUBE_DIR_FILE)'
 
 # -z lazy: Helm's packages link Go's plugin package (through kustomize), and
 # the linker then binds every symbol at start-up, go-nvml's too, which it
 # resolves only once libnvidia-ml is loaded (the test would not start).
 e2e-kubernetes: kube-tools
-	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes $(KUBE_PACKAGES) (a real control plane)' $(GO) test -tags kubernetes -count=1 -v -run $(KUBE_PACKAGE_TESTS) $(KUBE_PACKAGES)
-	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(TOOLS)/kubernetes')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver)' $(GO) test -tags kubernetes -ldflags=-extldflags=-Wl,-z,lazy -count=1 -v -timeout 15m ./kubernetes/
+	@GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(KUBE_DIR_FILE)')" $(PROGRESS) 'go test -tags kubernetes $(KUBE_PACKAGES) (a real control plane$(if $(KUBE_VERSION),: Kubernetes $(KUBE_VERSION)))' $(GO) test -tags kubernetes -count=1 -v -run $(KUBE_PACKAGE_TESTS) $(KUBE_PACKAGES)
+	@cd test && GPU_ORPHAN_KUBE_TOOLS="$$(cat '$(KUBE_DIR_FILE)')" $(PROGRESS) 'go test -tags kubernetes ./kubernetes/ (the dispatcher and the chart against kube-apiserver$(if $(KUBE_VERSION), $(KUBE_VERSION)))' $(GO) test -tags kubernetes -ldflags=-extldflags=-Wl,-z,lazy -count=1 -v -timeout 15m ./kubernetes/
 
 kubernetes-skipped:
 	@echo 'make test: the tests against a real kube-apiserver (test/kubernetes, and those tagged kubernetes in their packages) are not part of it: `make e2e-kubernetes` builds the control plane once and runs them (.ci/run does)'
 
+# The oldest supported: the rule tests and the loop against Debian's
+# Prometheus and Alertmanager, then the dispatcher and the chart against the
+# oldest Kubernetes the chart supports (KUBE_OLDEST, built once).
 oldest: build deps-run
 	@$(MAKE) --no-print-directory rules e2e OLDEST=1
+	@$(MAKE) --no-print-directory e2e-kubernetes KUBE_VERSION=$(KUBE_OLDEST)
 
 # The release (scripts/release.sh): every binary for linux/amd64 and
 # linux/arm64 (Grace Hopper nodes), with cgo and -trimpath and the version

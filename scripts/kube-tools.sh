@@ -5,8 +5,8 @@
 # links (go.mod: client-go v0.MM.P is Kubernetes v1.MM.P), and etcd from the
 # etcd server module that it links, started by its embed package
 # (scripts/kube-etcd/main.go). Into TOOLS/kubernetes-VERSION, once (about
-# 8 minutes on 2 cores with the module download), then nothing. Prints that
-# directory.
+# 8 minutes on 2 idle cores with the module download, 24 on busy ones),
+# then nothing. Prints that directory.
 #
 # `go install k8s.io/kubernetes/cmd/kube-apiserver@VERSION` cannot work: the
 # module's go.mod replaces its staging modules (k8s.io/api, client-go,
@@ -18,18 +18,30 @@
 # Nothing of this reaches gpu-orphan's binaries: the copy is a module of its
 # own, outside the repository.
 #
-# Usage: scripts/kube-tools.sh TOOLS_DIR
+# VERSION (the second argument, or KUBE_VERSION) builds another release of
+# Kubernetes instead, v1.MM.P, with the etcd of that release's module graph:
+# `make oldest` builds the oldest that the chart supports (its kubeVersion)
+# and runs the same tests against it.
+#
+# Usage: scripts/kube-tools.sh TOOLS_DIR [VERSION]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 GO=${GO:-go}
 tools=$1
+version=${2:-${KUBE_VERSION:-}}
 mkdir -p "$tools"
 tools=$(cd "$tools" && pwd)
-mkdir -p "$tools"
-client=$("$GO" list -m -f '{{.Version}}' k8s.io/client-go)
-staging=${client%%-*}           # v0.37.2
-version=v1.${staging#v0.}       # v1.37.2
+if [ -z "$version" ]; then
+  client=$("$GO" list -m -f '{{.Version}}' k8s.io/client-go)
+  client=${client%%-*}          # v0.37.2
+  version=v1.${client#v0.}      # v1.37.2
+fi
+case $version in
+  v1.[0-9]*.[0-9]*) ;;
+  *) echo "kube-tools: $version is not a Kubernetes release (v1.MM.P)" >&2; exit 2 ;;
+esac
+staging=v0.${version#v1.}       # the staging modules' version: v0.37.2
 bin=$tools/kubernetes-$version
 
 # The prometheus-operator CRDs that the chart's objects use (PodMonitor,
@@ -61,7 +73,7 @@ if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ] && "$bin/kube-apiserver" -
   exit 0
 fi
 mkdir -p "$bin" "$tools/src"
-echo "tools: building kube-apiserver $version and its etcd from their modules into $bin, once (about 8 minutes)" >&2
+echo "tools: building kube-apiserver $version and its etcd from their modules into $bin, once (8 to 24 minutes on 2 cores, with the modules' download)" >&2
 copy=$tools/src/kubernetes-$version
 if [ ! -d "$copy" ]; then
   dir=$(GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')

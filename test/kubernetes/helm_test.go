@@ -227,7 +227,7 @@ func manifestObjects(t *testing.T, manifest string) []*unstructured.Unstructured
 // and waits until each is established.
 func installOperatorCRDs(t *testing.T, cp *kubereal.ControlPlane) {
 	t.Helper()
-	dir, _, err := kubereal.Dir()
+	dir, err := kubereal.Dir()
 	if err != nil {
 		t.Fatal(err)
 	}

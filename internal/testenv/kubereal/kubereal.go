@@ -51,6 +51,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/gpu-orphan/gpu-orphan/internal/stack/freeport"
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
@@ -60,13 +62,15 @@ import (
 const ToolsEnv = "GPU_ORPHAN_KUBE_TOOLS"
 
 // HowToBuild is what a skipped test says.
-const HowToBuild = "the real Kubernetes control plane is not built: `make e2e-kubernetes` builds it into .tools/ (once, about 8 minutes on 2 cores) and runs these tests"
+const HowToBuild = "the real Kubernetes control plane is not built: `make e2e-kubernetes` builds it into .tools/ (once, 8 to 24 minutes on 2 cores) and runs these tests"
 
 // ControlPlane is a running etcd and kube-apiserver.
 type ControlPlane struct {
 	// URL is kube-apiserver's https URL on 127.0.0.1.
 	URL string
-	// Version is the Kubernetes release, v1.MM.P.
+	// Version is the Kubernetes release that kube-apiserver reports
+	// (/version), v1.MM.P: client-go's, or the one that ToolsEnv names
+	// (make oldest: the oldest the chart supports).
 	Version string
 	// StartedIn is how long the start took, etcd's and kube-apiserver's.
 	StartedIn time.Duration
@@ -89,9 +93,33 @@ var (
 	tried   bool
 )
 
-// Dir is the directory of the control plane's binaries, and the release.
-func Dir() (string, string, error) {
-	version := ""
+// Dir is the directory of the control plane's binaries: the one that
+// ToolsEnv names, or .tools/kubernetes-VERSION of the release of the
+// client-go that the test links.
+func Dir() (string, error) {
+	dir := os.Getenv(ToolsEnv)
+	if dir == "" {
+		version, err := clientRelease()
+		if err != nil {
+			return "", err
+		}
+		root, err := testenv.ModuleRoot()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, ".tools", "kubernetes-"+version)
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return "", fmt.Errorf("%s: %w", HowToBuild, err)
+		}
+	}
+	return dir, nil
+}
+
+// clientRelease is the Kubernetes release of the client-go that the test
+// links: client-go v0.MM.P is Kubernetes v1.MM.P.
+func clientRelease() (string, error) {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			if d.Path == "k8s.io/client-go" {
@@ -99,33 +127,17 @@ func Dir() (string, string, error) {
 				if d.Replace != nil {
 					v = d.Replace.Version
 				}
-				version = "v1." + strings.TrimPrefix(strings.SplitN(v, "-", 2)[0], "v0.")
+				return "v1." + strings.TrimPrefix(strings.SplitN(v, "-", 2)[0], "v0."), nil
 			}
 		}
 	}
-	if version == "" {
-		// A test binary's build info lists no modules: ask the module of
-		// the test, as scripts/kube-tools.sh does.
-		out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/client-go").Output()
-		if err != nil {
-			return "", "", fmt.Errorf("kubereal: go list -m k8s.io/client-go, whose version names the release: %w", err)
-		}
-		version = "v1." + strings.TrimPrefix(strings.SplitN(strings.TrimSpace(string(out)), "-", 2)[0], "v0.")
+	// A test binary's build info lists no modules: ask the module of the
+	// test, as scripts/kube-tools.sh does.
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "k8s.io/client-go").Output()
+	if err != nil {
+		return "", fmt.Errorf("kubereal: go list -m k8s.io/client-go, whose version names the release: %w", err)
 	}
-	dir := os.Getenv(ToolsEnv)
-	if dir == "" {
-		root, err := testenv.ModuleRoot()
-		if err != nil {
-			return "", "", err
-		}
-		dir = filepath.Join(root, ".tools", "kubernetes-"+version)
-	}
-	for _, b := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			return "", version, fmt.Errorf("%s: %w", HowToBuild, err)
-		}
-	}
-	return dir, version, nil
+	return "v1." + strings.TrimPrefix(strings.SplitN(strings.TrimSpace(string(out)), "-", 2)[0], "v0."), nil
 }
 
 // Get returns the test process's control plane, started the first time;
@@ -137,11 +149,11 @@ func Get(t testing.TB) *ControlPlane {
 	defer mu.Unlock()
 	if !tried {
 		tried = true
-		dir, version, err := Dir()
+		dir, err := Dir()
 		if err != nil {
 			started = errSkip{err}
 		} else {
-			shared, started = start(dir, version, nil)
+			shared, started = start(dir, nil)
 		}
 	}
 	var skip errSkip
@@ -178,11 +190,11 @@ func Main(m *testing.M) int {
 // skips t as Get does.
 func Own(t testing.TB, apiserverFlags ...string) *ControlPlane {
 	t.Helper()
-	dir, version, err := Dir()
+	dir, err := Dir()
 	if err != nil {
 		t.Skip(err.Error())
 	}
-	c, err := start(dir, version, apiserverFlags)
+	c, err := start(dir, apiserverFlags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,13 +203,13 @@ func Own(t testing.TB, apiserverFlags ...string) *ControlPlane {
 }
 
 // start starts etcd, then kube-apiserver, and waits for /readyz.
-func start(bin, version string, extra []string) (_ *ControlPlane, err error) {
+func start(bin string, extra []string) (_ *ControlPlane, err error) {
 	begin := time.Now()
 	dir, err := os.MkdirTemp("", "gpu-orphan-kube-")
 	if err != nil {
 		return nil, err
 	}
-	c := &ControlPlane{dir: dir, Version: version, bin: bin}
+	c := &ControlPlane{dir: dir, bin: bin}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w%s", err, c.logs())
@@ -240,6 +252,15 @@ func start(bin, version string, extra []string) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 	c.StartedIn = time.Since(begin)
+	client, err := kubernetes.NewForConfig(c.AdminConfig())
+	if err != nil {
+		return nil, err
+	}
+	v, err := client.Discovery().ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("kube-apiserver's /version: %w", err)
+	}
+	c.Version = v.GitVersion
 	return c, nil
 }
 
@@ -671,6 +692,30 @@ func (c *ControlPlane) WaitAccess(t testing.TB, namespace, name string, allowed 
 // one, the count may lag it by a moment.
 func (c *ControlPlane) Requests(t testing.TB, want map[string]string) float64 {
 	t.Helper()
+	n := 0.0
+	for _, m := range testenv.Series(c.metrics(t), "apiserver_request_total", want) {
+		n += m.GetCounter().GetValue()
+	}
+	return n
+}
+
+// FeatureGate reports whether kube-apiserver's feature gate name is on,
+// by its own kubernetes_feature_enabled series (the release's default, or
+// a --feature-gates flag), and whether the server knows the gate at all.
+// Releases differ: WatchList (streaming lists) is alpha, off, in v1.30
+// (the oldest that the chart supports), on in v1.32, off in v1.33, on
+// since v1.34 (k8s.io/apiserver/pkg/features).
+func (c *ControlPlane) FeatureGate(t testing.TB, name string) (on, known bool) {
+	t.Helper()
+	for _, m := range testenv.Series(c.metrics(t), "kubernetes_feature_enabled", map[string]string{"name": name}) {
+		return m.GetGauge().GetValue() == 1, true
+	}
+	return false, false
+}
+
+// metrics is kube-apiserver's /metrics, parsed.
+func (c *ControlPlane) metrics(t testing.TB) map[string]*dto.MetricFamily {
+	t.Helper()
 	body, err := c.Admin(t).Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
 	if err != nil {
 		t.Fatalf("kube-apiserver's /metrics: %v", err)
@@ -679,9 +724,5 @@ func (c *ControlPlane) Requests(t testing.TB, want map[string]string) float64 {
 	if err != nil {
 		t.Fatalf("kube-apiserver's /metrics: %v", err)
 	}
-	n := 0.0
-	for _, m := range testenv.Series(mfs, "apiserver_request_total", want) {
-		n += m.GetCounter().GetValue()
-	}
-	return n
+	return mfs
 }
