@@ -118,11 +118,21 @@ func TestChartHelmInstallUninstall(t *testing.T) {
 		t.Errorf("a node agent's pod in namespace %s (enforce=privileged): %v", ns, err)
 	}
 	labelNamespace(t, cp, ns, "pod-security.kubernetes.io/enforce", "baseline")
-	if err := createAgentPod(t, cp, ds, ns); err == nil || !strings.Contains(err.Error(), "PodSecurity") {
-		t.Errorf("a node agent's pod in a namespace that enforces baseline: %v, want refused by PodSecurity", err)
-	} else {
+	// PodSecurity admission reads the namespace's labels from an informer:
+	// right after the update it may still see the old ones (a pod was
+	// admitted right after the label, beside other tests). The pod is a
+	// dry run, so asking again changes nothing.
+	testenv.EventuallyNil(t, testenv.Scale(10*time.Second), "a node agent's pod refused by PodSecurity in a namespace that enforces baseline", func() error {
+		err := createAgentPod(t, cp, ds, ns)
+		switch {
+		case err == nil:
+			return errors.New("admitted")
+		case !strings.Contains(err.Error(), "PodSecurity"):
+			return fmt.Errorf("refused, but not by PodSecurity: %w", err)
+		}
 		t.Logf("enforce=baseline: %v", err)
-	}
+		return nil
+	})
 	labelNamespace(t, cp, ns, "pod-security.kubernetes.io/enforce", "privileged")
 
 	uninstall := action.NewUninstall(cfg)
