@@ -71,19 +71,8 @@ func postAlert(t *testing.T, base, webhookToken, status, node, uuid, fingerprint
 // actions lists the dispatcher's actions by node.
 func actions(t *testing.T, base, webhookToken string) map[string][]remediate.Action {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, base+"/api/v1/actions", nil)
-	req.Header.Set("Authorization", "Bearer "+webhookToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list []remediate.Action
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string][]remediate.Action{}
-	for _, a := range list {
+	for _, a := range testenv.Actions[remediate.Action](t, base, webhookToken) {
 		out[a.Node] = append(out[a.Node], a)
 	}
 	return out

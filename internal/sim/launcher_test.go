@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // TestLauncherAlone: a cuInit-only process holds and maps the device node,
@@ -108,5 +109,5 @@ func TestLauncherRank(t *testing.T) {
 		t.Fatalf("after the rank's SIGTERM: %v", err)
 	}
 	syscall.Kill(worker, syscall.SIGKILL)
-	eventually(t, time.Second, "memory freed after the worker's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed after the worker's SIGKILL", func() error { return wantGPU(d, 0, 0) })
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // TestLeak: a leak is memory that stays used with no process holding it,
@@ -43,7 +44,7 @@ func TestLeak(t *testing.T) {
 		syscall.Kill(c, syscall.SIGKILL)
 		reap(c)
 	}
-	eventually(t, 5*time.Second, "the job's memory back, the leak left", func() error { return wantGPU(d, 1, 4096) })
+	testenv.EventuallyNil(t, 5*time.Second, "the job's memory back, the leak left", func() error { return wantGPU(d, 1, 4096) })
 
 	// Leaked memory is used: a context that needs it does not fit.
 	if err := WriteFaults(root, Faults{GPU: AllGPUs, Leaks: []Leak{{GPU: 0, Bytes: MaxLeakBytes - 50*gpu.MiB}}}); err != nil {

@@ -153,13 +153,6 @@ func reap(pid int) {
 	}
 }
 
-// eventually polls f until it succeeds, within a wait stretched by the
-// machine's slowness (testenv.EventuallyNil).
-func eventually(t *testing.T, within time.Duration, what string, f func() error) {
-	t.Helper()
-	testenv.EventuallyNil(t, within, what, f)
-}
-
 func newDriver(t *testing.T, root string) *Driver {
 	t.Helper()
 	d, err := NewDriver(root)

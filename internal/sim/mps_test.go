@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // TestMPS follows the H200's measurement: the control daemon holds the
@@ -67,15 +68,15 @@ func TestMPS(t *testing.T) {
 	for _, c := range client.children {
 		syscall.Kill(c, syscall.SIGKILL)
 	}
-	eventually(t, time.Second, "only the server's memory after the workers' SIGKILL", func() error { return wantGPU(d, 0, 74, srv) })
+	testenv.EventuallyNil(t, time.Second, "only the server's memory after the workers' SIGKILL", func() error { return wantGPU(d, 0, 74, srv) })
 
 	m.signal(t, syscall.SIGKILL)
 	m.wait()
-	eventually(t, 2*time.Second, "the server dead with its control daemon", func() error {
+	testenv.EventuallyNil(t, 2*time.Second, "the server dead with its control daemon", func() error {
 		_, _ = unix.Wait4(server, nil, unix.WNOHANG, nil) // ours to reap as subreaper, if it is ours
 		return gone(server)
 	})
-	eventually(t, time.Second, "memory freed", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed", func() error { return wantGPU(d, 0, 0) })
 }
 
 // TestMPSServerOutOfMemory: a server that cannot make its context says

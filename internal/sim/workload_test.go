@@ -46,7 +46,7 @@ func TestWorkloadKilled(t *testing.T) {
 
 	// Not reaped: a killed process's descriptors close before it is a zombie.
 	p.signal(t, syscall.SIGKILL)
-	eventually(t, time.Second, "memory freed after SIGKILL", func() error { return wantGPU(d, 1, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed after SIGKILL", func() error { return wantGPU(d, 1, 0) })
 }
 
 // TestForkedChildrenKeepContext is the case the project exists for: the
@@ -93,7 +93,7 @@ func TestForkedChildrenKeepContext(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, time.Second, "memory freed after the children's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed after the children's SIGKILL", func() error { return wantGPU(d, 0, 0) })
 }
 
 func TestSIGTERM(t *testing.T) {
@@ -119,7 +119,7 @@ func TestSIGTERM(t *testing.T) {
 				t.Fatalf("workload ended with %v, want death by SIGTERM", p.cmd.ProcessState)
 			}
 			if !ignore {
-				eventually(t, time.Second, "memory freed after SIGTERM", func() error { return wantGPU(d, 0, 0) })
+				testenv.EventuallyNil(t, time.Second, "memory freed after SIGTERM", func() error { return wantGPU(d, 0, 0) })
 				return
 			}
 			// An ignored signal is dropped when sent, so the children are
@@ -138,7 +138,7 @@ func TestSIGTERM(t *testing.T) {
 			for _, c := range p.children {
 				syscall.Kill(c, syscall.SIGKILL)
 			}
-			eventually(t, time.Second, "memory freed after SIGKILL", func() error { return wantGPU(d, 0, 0) })
+			testenv.EventuallyNil(t, time.Second, "memory freed after SIGKILL", func() error { return wantGPU(d, 0, 0) })
 			for _, c := range p.children {
 				reap(c)
 				if err := gone(c); err != nil {
@@ -277,7 +277,7 @@ func TestHelper(t *testing.T) {
 		t.Fatalf("with the helper alone: %v", err)
 	}
 	syscall.Kill(w.Helper, syscall.SIGKILL)
-	eventually(t, time.Second, "memory freed after the helper's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed after the helper's SIGKILL", func() error { return wantGPU(d, 0, 0) })
 }
 
 // TestChildComm: workers that rename themselves show the new name in
@@ -337,7 +337,7 @@ func TestClosingChild(t *testing.T) {
 		t.Fatalf("after the trainer's kill -9, the sibling holds the context: %v", err)
 	}
 	syscall.Kill(sibling, syscall.SIGKILL)
-	eventually(t, time.Second, "memory freed after the sibling's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, time.Second, "memory freed after the sibling's SIGKILL", func() error { return wantGPU(d, 0, 0) })
 	if ctxs, err := listContexts(d.Node()); err != nil || len(ctxs) != 0 {
 		t.Errorf("contexts %v, %v; want none", ctxs, err)
 	}
@@ -386,14 +386,14 @@ func TestRespawnOnSIGTERM(t *testing.T) {
 		t.Fatalf("the worker has children before SIGTERM: %q, %v", before, err)
 	}
 	syscall.Kill(worker, syscall.SIGTERM)
-	eventually(t, 5*time.Second, "the worker to exit", func() error {
+	testenv.EventuallyNil(t, 5*time.Second, "the worker to exit", func() error {
 		if st, err := readProcStat(worker); err == nil && st.State != "Z" {
 			return fmt.Errorf("worker %d still %s", worker, st.State)
 		}
 		return nil
 	})
 	var replacement int
-	eventually(t, 5*time.Second, "a replacement holding the node", func() error {
+	testenv.EventuallyNil(t, 5*time.Second, "a replacement holding the node", func() error {
 		replacement = 0
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
@@ -415,5 +415,5 @@ func TestRespawnOnSIGTERM(t *testing.T) {
 		t.Fatalf("the replacement keeps the dead trainer's context: %v", err)
 	}
 	syscall.Kill(replacement, syscall.SIGTERM)
-	eventually(t, 5*time.Second, "memory freed after the replacement's SIGTERM", func() error { return wantGPU(d, 0, 0) })
+	testenv.EventuallyNil(t, 5*time.Second, "memory freed after the replacement's SIGTERM", func() error { return wantGPU(d, 0, 0) })
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/gpu"
+	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
 
 // TestZombieLeader: a workload whose main thread has exited, as after
@@ -26,7 +27,7 @@ func TestZombieLeader(t *testing.T) {
 			p := startRun(t, root, "--gpu", "0", "--mib", "2048", "--children", "2", "--zombie-leader")
 			owner := gpu.Process{PID: uint32(p.pid), UsedBytes: 2048 * gpu.MiB}
 			// The main thread exits just after the ready line.
-			eventually(t, 5*time.Second, "leader a zombie", func() error {
+			testenv.EventuallyNil(t, 5*time.Second, "leader a zombie", func() error {
 				st, err := readProcStat(p.pid)
 				if err != nil || st.State != "Z" {
 					return fmt.Errorf("state %+v, %v", st, err)
@@ -60,7 +61,7 @@ func TestZombieLeader(t *testing.T) {
 			for _, c := range p.children {
 				syscall.Kill(c, syscall.SIGKILL)
 			}
-			eventually(t, time.Second, "memory freed after the children's SIGKILL", func() error { return wantGPU(d, 0, 0) })
+			testenv.EventuallyNil(t, time.Second, "memory freed after the children's SIGKILL", func() error { return wantGPU(d, 0, 0) })
 		})
 	}
 }

@@ -252,7 +252,7 @@ func forkOrphan(t *testing.T, dev string, n int, zombie bool) (int, []int) {
 	// daemon's snapshot after a death has them (the death's exit event
 	// comes after them): a loaded machine's follower may lag behind.
 	if st, ok := followed.Load(t); ok {
-		limit := time.Duration(float64(10*time.Second) * testenv.Slowness())
+		limit := testenv.Scale(10 * time.Second)
 		if !st.(*forks.Status).CatchUp(context.Background(), limit) {
 			t.Fatalf("the fork record did not apply the workers' execs within %v", limit)
 		}

@@ -535,7 +535,7 @@ func (s *Stack) waitReady(ctx context.Context, url string) error {
 // the choice and the daemon's start.
 func listen(what string, ports []int) (*net.TCPListener, error) {
 	if len(ports) == 0 {
-		return freeport.Listen()
+		return freeport.Listen("127.0.0.1")
 	}
 	for _, p := range ports {
 		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {

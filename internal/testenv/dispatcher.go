@@ -332,12 +332,15 @@ func Healthy(base string) bool {
 // Logger logs at debug level into the test's log, shown when it fails,
 // and into also.
 func Logger(t testing.TB, also ...io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(io.MultiWriter(append([]io.Writer{testLog{t}}, also...)...), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(io.MultiWriter(append([]io.Writer{LogWriter(t)}, also...)...), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// LogWriter writes each write, a line, into the test's log.
+func LogWriter(t testing.TB) io.Writer { return testLog{t} }
 
 type testLog struct{ t testing.TB }
 
 func (w testLog) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
 	return len(b), nil
 }

@@ -319,12 +319,12 @@ func PassListener(t testing.TB, cmd *exec.Cmd) string {
 // EndpointSlice names.
 func PassListenerOn(t testing.TB, cmd *exec.Cmd, ip string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	l, err := freeport.Listen(ip)
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	f, err := freeport.Pass(cmd, l.(*net.TCPListener))
+	f, err := freeport.Pass(cmd, l)
 	if err != nil {
 		t.Fatal(err)
 	}

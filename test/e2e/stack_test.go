@@ -52,7 +52,7 @@ func startStack(t *testing.T, cfg stack.Config, hook func(stack.Event)) *stack.S
 	bin(t, "gpu-orphan-remediator")
 	bin(t, "gpu-orphan-sim")
 	cfg.RulesFile = filepath.Join(root, "alerts", "gpu-orphan.rules.yml")
-	n := &stack.Narrator{W: logWriter{t}}
+	n := &stack.Narrator{W: testenv.LogWriter(t)}
 	cfg.OnEvent = func(ev stack.Event) {
 		n.Event(ev)
 		if hook != nil {
@@ -109,14 +109,6 @@ func dumpLogs(t *testing.T, dir string) {
 		b, _ := os.ReadFile(l)
 		t.Logf("----- %s -----\n%s", filepath.Base(l), b)
 	}
-}
-
-// logWriter writes lines into the test's log.
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(b), "\n"))
-	return len(b), nil
 }
 
 // stage is one step of the loop and when it was first seen.

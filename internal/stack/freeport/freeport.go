@@ -166,9 +166,10 @@ func InUse(output string) bool {
 	return strings.Contains(output, "address already in use")
 }
 
-// Listen listens on 127.0.0.1:0, for Pass.
-func Listen() (*net.TCPListener, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// Listen listens on a port the kernel picks on ip (127.0.0.1, or a
+// host's address that an EndpointSlice may name), for Pass.
+func Listen(ip string) (*net.TCPListener, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return nil, err
 	}

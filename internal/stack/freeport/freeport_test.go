@@ -170,7 +170,7 @@ func TestInUse(t *testing.T) {
 // serves on the socket Pass handed it, as the process that was started
 // (LISTEN_PID is its PID), and the port stays taken from the first moment.
 func TestPass(t *testing.T) {
-	l, err := Listen()
+	l, err := Listen("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestPass(t *testing.T) {
 	}
 
 	// A second Pass of the same command, or of one with ExtraFiles, is refused.
-	l2, _ := Listen()
+	l2, _ := Listen("127.0.0.1")
 	defer l2.Close()
 	if _, err := Pass(cmd, l2); err == nil {
 		t.Error("Pass of a started command")

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpu-orphan/gpu-orphan/internal/testenv"
 )
@@ -55,7 +56,7 @@ func (a *Agents) AddPod(t testing.TB, node, ip string, port int32) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: a.PodName(node), Namespace: a.DaemonSet.Namespace, Labels: tmpl.Labels,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: a.DaemonSet.Name, UID: a.DaemonSet.UID,
-				Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 		Spec: *tmpl.Spec.DeepCopy(),
 	}
 	pod.Spec.NodeName = node
@@ -88,7 +89,7 @@ func (a *Agents) AddPod(t testing.TB, node, ip string, port int32) *corev1.Pod {
 func (a *Agents) DeletePod(t testing.TB, node string) {
 	t.Helper()
 	pods := a.Admin.CoreV1().Pods(a.DaemonSet.Namespace)
-	if err := pods.Delete(t.Context(), a.PodName(node), metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
+	if err := pods.Delete(t.Context(), a.PodName(node), metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "pod "+a.PodName(node)+" to be gone", func() bool {
@@ -101,7 +102,7 @@ func (a *Agents) DeletePod(t testing.TB, node string) {
 // writes it; ready nil leaves the condition unset, which the API reads as
 // ready.
 func (a *Agents) Endpoint(pod *corev1.Pod, ready *bool) discoveryv1.Endpoint {
-	return discoveryv1.Endpoint{Addresses: []string{pod.Status.PodIP}, NodeName: ptr(pod.Spec.NodeName),
+	return discoveryv1.Endpoint{Addresses: []string{pod.Status.PodIP}, NodeName: ptr.To(pod.Spec.NodeName),
 		Conditions: discoveryv1.EndpointConditions{Ready: ready, Serving: ready},
 		TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}}
 }
@@ -113,10 +114,10 @@ func (a *Agents) Slice(name string, port int32, endpoints ...discoveryv1.Endpoin
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: a.Service.Namespace,
 			Labels: map[string]string{discoveryv1.LabelServiceName: a.Service.Name, discoveryv1.LabelManagedBy: endpointSliceController},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: a.Service.Name, UID: a.Service.UID,
-				Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}},
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   append([]discoveryv1.Endpoint{}, endpoints...),
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr(a.PortName), Port: ptr(port), Protocol: ptr(corev1.ProtocolTCP)}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(a.PortName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
 }
 
@@ -156,7 +157,7 @@ func (a *Agents) SliceName(node string) string { return a.Service.Name + "-" + n
 func (a *Agents) Add(t testing.TB, node, ip string, port int32) *corev1.Pod {
 	t.Helper()
 	pod := a.AddPod(t, node, ip, port)
-	a.Apply(t, a.Slice(a.SliceName(node), port, a.Endpoint(pod, ptr(true))))
+	a.Apply(t, a.Slice(a.SliceName(node), port, a.Endpoint(pod, ptr.To(true))))
 	return pod
 }
 
@@ -166,5 +167,3 @@ func (a *Agents) Remove(t testing.TB, node string) {
 	a.DeleteSlice(t, a.SliceName(node))
 	a.DeletePod(t, node)
 }
-
-func ptr[T any](v T) *T { return &v }

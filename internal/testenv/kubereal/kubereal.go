@@ -50,6 +50,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -629,7 +630,7 @@ func (c *ControlPlane) AdminKubeconfig(t testing.TB) string { return c.Kubeconfi
 func (c *ControlPlane) ServiceAccountToken(t testing.TB, namespace, name string) string {
 	t.Helper()
 	tr, err := c.Admin(t).CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), name,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("a token of ServiceAccount %s/%s: %v", namespace, name, err)
 	}
